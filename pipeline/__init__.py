@@ -1,0 +1,3 @@
+"""The Viano case builder: deterministic, provenance-carrying bug cases."""
+
+BUILDER_VERSION = "1"

@@ -1,0 +1,152 @@
+"""One error type with stable codes (ARCHITECTURE.md section 11).
+
+Every failure the project reports is a :class:`VianoError` (or a subclass used
+only for ``except`` clauses) carrying an upper-case ``code`` from
+:data:`ERROR_CODES`, the offending content ``path`` and JSON ``pointer`` where
+known, and a one-line message. Codes are part of the public contract: tools
+and tests match on them, so a code is never renamed or reused.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ERROR_CODES",
+    "VianoError",
+    "AdmissionError",
+    "CaseBuildError",
+    "IntegrityError",
+    "LifecycleError",
+    "ResearchError",
+    "VerificationError",
+    "one_line",
+]
+
+#: code -> one-line meaning. The README's error table is generated from this.
+ERROR_CODES: dict[str, str] = {
+    # command line and workspace
+    "INVALID_ARGUMENT": "a command variable is missing or malformed",
+    "UNSAFE_ID": "a case or package id does not match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+    "UNKNOWN_CASE": "no such case in the workspace",
+    "CASE_EXISTS": "a case with this id was already admitted",
+    "SOURCE_NOT_FOUND": "the source path does not exist or is not a file or directory",
+    "SOURCE_SPECIAL_FILE": "a directory source holds a symlink, device, FIFO or socket",
+    "INSUFFICIENT_DISK": "not enough free disk space for the admission",
+    "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed",
+    # archive admission (RELIABILITY.md 1-17)
+    "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
+    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, or holds backslashes, drive letters, NUL or control characters",
+    "ZIP_DUPLICATE_NAME": "two entries share a name",
+    "ZIP_NAME_COLLISION": "two entry names are equal after Unicode NFC and case folding",
+    "ZIP_SPECIAL_FILE": "an entry is a symlink, FIFO or device",
+    "ZIP_ENCRYPTED": "an entry is encrypted",
+    "ZIP_UNSUPPORTED_METHOD": "an entry uses a compression method other than stored or deflate",
+    "ZIP_OVERLAP": "entries overlap inside the archive (a non-recursive bomb)",
+    "ZIP_TOO_LARGE": "an entry or the total exceeds the uncompressed size limit",
+    "ZIP_RATIO": "an entry's compression ratio exceeds the limit",
+    "ZIP_TOO_MANY_ENTRIES": "the archive holds more entries than allowed",
+    "ZIP_CRC_MISMATCH": "an entry's content does not match its CRC-32",
+    # manifests and packages
+    "MANIFEST_MISSING": "the package has no manifest.json",
+    "MANIFEST_INVALID": "the manifest does not conform to viano-package v1",
+    "MANIFEST_FILE_MISSING": "the manifest names a file the package does not hold",
+    "GENERATION_CONFLICT": "another writer published this package generation first",
+    "CONTENT_CONFLICT": "a content path already exists with different bytes",
+    "INTEGRITY_ERROR": "stored bytes do not match the manifest, or a stored record is corrupt",
+    # strict JSON (RELIABILITY.md 18-26)
+    "JSON_ENCODING": "not UTF-8 (BOM, UTF-16, invalid bytes or lone surrogates)",
+    "JSON_SYNTAX": "malformed JSON, raw control characters or trailing data",
+    "JSON_DUPLICATE_KEY": "an object repeats a key",
+    "JSON_NUMBER": "NaN, Infinity, or a number outside the interoperable range",
+    "JSON_TOO_DEEP": "nesting deeper than the depth limit",
+    "LIMIT_EXCEEDED": "a size or count limit was exceeded before parsing",
+    "SCHEMA_VIOLATION": "the document does not conform to its contract",
+    "UNSUPPORTED_VERSION": "an unknown format or format_version",
+    # references inside a package (RELIABILITY.md 27-29)
+    "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink",
+    "REFERENCE_MISSING": "a reference names a file absent from the manifest",
+    "DUPLICATE_SOURCE": "the same source is listed twice within one index role",
+    # lifecycle (section 4)
+    "ILLEGAL_TRANSITION": "the case's state does not allow this step",
+    "STALE_GENERATION": "the case moved to another generation since the work was prepared",
+    "LOCK_TIMEOUT": "the case lock was not acquired before the deadline",
+    "REOPEN_REQUIRED": "the current revision has a confirmed case; reopen to change inputs",
+    "NOT_BUILT": "the case has no built case document yet",
+    "INCOMPATIBLE_CASE": "a prior case document has an unsupported contract",
+    # research (section 7)
+    "RESEARCH_UNAVAILABLE": "the research provider timed out, was unreachable or has no answer yet",
+    "RESEARCH_INVALID": "the research result is malformed or does not match the request",
+    # verifier and probes (section 9)
+    "INVALID_VERIFICATION_REQUEST": "invalid task verification request",
+    "INVALID_UNRESOLVED_EVIDENCE": "unresolved evidence has a blank or missing field",
+}
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """Fold ``text`` onto one printable line of at most ``limit`` characters.
+
+    Untrusted text (names from archives, report strings) may reach messages;
+    control characters are shown as escapes so a message can never forge a
+    second line of output or drive a terminal.
+    """
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    folded = "".join(out)
+    if len(folded) > limit:
+        folded = folded[: limit - 3] + "..."
+    return folded
+
+
+class VianoError(Exception):
+    """Base of every project error: a stable ``code`` plus where it happened."""
+
+    def __init__(self, code: str, message: str, *, path: str | None = None, pointer: str | None = None) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"unregistered error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.path = path
+        self.pointer = pointer
+
+    def __str__(self) -> str:
+        text = f"{self.code}: {one_line(self.message)}"
+        if self.path is not None or self.pointer is not None:
+            where = one_line(self.path or "")
+            if self.pointer is not None:
+                where += "#" + one_line(self.pointer)
+            text += f" ({where})"
+        return text
+
+    def to_dict(self) -> dict:
+        """A JSON-ready description, used by status output and tests."""
+        return {"code": self.code, "message": self.message, "path": self.path, "pointer": self.pointer}
+
+
+class AdmissionError(VianoError):
+    """Raised while admitting or appending a package source."""
+
+
+class CaseBuildError(VianoError):
+    """Raised while reading inputs, assembling, rendering or publishing a case."""
+
+
+class IntegrityError(VianoError):
+    """Stored bytes disagree with what was recorded for them."""
+
+
+class LifecycleError(VianoError):
+    """Raised by the CheckpointStore and the case lock."""
+
+
+class ResearchError(VianoError):
+    """Raised by the research service and its providers."""
+
+
+class VerificationError(VianoError):
+    """Raised by the verifier and the probe builder."""

@@ -1,0 +1,323 @@
+"""Strict JSON decoding, canonical encoding and SHA-256 helpers.
+
+Every JSON document the project reads goes through :func:`decode_strict` (or a
+fast path that falls back to it for the precise error), and every hash in the
+project is taken over :func:`canonical_bytes`. Both the stdlib ``json`` module
+and msgspec silently keep the last of duplicate keys, accept BOMs or lone
+surrogates, or turn ``1e400`` into infinity; this module refuses all of those
+(RELIABILITY.md 18-26) with stable codes and a JSON Pointer to the culprit.
+
+Canonical form: UTF-8 (non-ASCII written raw, never ``\\u`` escaped), keys
+sorted by code point, ``,``/``:`` separators, no NaN/Infinity; an integral
+float within the safe-integer range is written as an integer (as RFC 8785
+does), so ``1.0`` and ``1`` hash alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from typing import Any
+
+from .errors import CaseBuildError, VianoError
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "DEFAULT_MAX_DEPTH",
+    "decode_strict",
+    "canonical_bytes",
+    "canonical_hash",
+    "sha256_hex",
+    "pretty_bytes",
+    "json_pointer",
+    "escape_pointer_token",
+    "resolve_pointer",
+    "read_bounded",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+DEFAULT_MAX_DEPTH = 64
+_MAX_INT_DIGITS = 16  # 2**53 has 16 digits; anything longer is out of range anyway
+
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_ESCAPED_SURROGATE_RE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class _Problem:
+    """Placed where a rejected value stood, so the walk can name its pointer."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+
+
+class _DuplicateKeyObject(dict):
+    """An object that repeated ``duplicate``; keeps the pairs in source order."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], duplicate: str) -> None:
+        super().__init__(pairs)
+        self.pairs = pairs
+        self.duplicate = duplicate
+
+
+def escape_pointer_token(token: str | int) -> str:
+    """Escape one reference token per RFC 6901 (``~`` -> ``~0``, ``/`` -> ``~1``)."""
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def json_pointer(parts) -> str:
+    """Build an RFC 6901 pointer from a sequence of keys and indices."""
+    return "".join("/" + escape_pointer_token(p) for p in parts)
+
+
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """Return the value at ``pointer`` (RFC 6901); ``KeyError`` if absent."""
+    if pointer == "":
+        return document
+    if not pointer.startswith("/"):
+        raise KeyError(pointer)
+    current = document
+    for raw in pointer[1:].split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(current, dict):
+            if token not in current:
+                raise KeyError(pointer)
+            current = current[token]
+        elif isinstance(current, list):
+            if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
+                raise KeyError(pointer)
+            index = int(token)
+            if index >= len(current):
+                raise KeyError(pointer)
+            current = current[index]
+        else:
+            raise KeyError(pointer)
+    return current
+
+
+def _max_depth_exceeded(text: str, max_depth: int) -> bool:
+    """True if brackets outside strings nest deeper than ``max_depth``.
+
+    Runs before parsing so a depth bomb never reaches the recursive parser.
+    """
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    skeleton = _STRING_RE.sub("", text)
+    depth = 0
+    for ch in skeleton:
+        if ch == "[" or ch == "{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        elif ch == "]" or ch == "}":
+            depth -= 1
+    return False
+
+
+def _parse(text: str) -> tuple[Any, bool]:
+    """Parse with hooks that mark, never raise; returns (document, had_problem)."""
+    flagged = [False]
+
+    def pairs_hook(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                flagged[0] = True
+                return _DuplicateKeyObject(pairs, key)
+            seen.add(key)
+        return dict(pairs)
+
+    def bad_constant(name):
+        flagged[0] = True
+        return _Problem("JSON_NUMBER", f"{name} is not a JSON number")
+
+    def parse_int(digits):
+        if len(digits.lstrip("-")) > _MAX_INT_DIGITS:
+            flagged[0] = True
+            return _Problem("JSON_NUMBER", "integer outside +/-(2^53-1)")
+        value = int(digits)
+        if abs(value) > MAX_SAFE_INTEGER:
+            flagged[0] = True
+            return _Problem("JSON_NUMBER", "integer outside +/-(2^53-1)")
+        return value
+
+    def parse_float(literal):
+        value = float(literal)
+        if not math.isfinite(value):
+            flagged[0] = True
+            return _Problem("JSON_NUMBER", f"number {literal[:40]} overflows a double")
+        return value
+
+    document = json.loads(
+        text,
+        object_pairs_hook=pairs_hook,
+        parse_constant=bad_constant,
+        parse_int=parse_int,
+        parse_float=parse_float,
+    )
+    return document, flagged[0]
+
+
+def _find_problem(value: Any, parts: list, check_surrogates: bool):
+    """Depth-first, in document order: the first problem and its pointer parts."""
+    if isinstance(value, _Problem):
+        return value.code, value.message, parts
+    if isinstance(value, str):
+        if check_surrogates:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return "JSON_ENCODING", "string holds a lone surrogate", parts
+        return None
+    if isinstance(value, dict):
+        pairs = value.pairs if isinstance(value, _DuplicateKeyObject) else value.items()
+        seen = set()
+        for key, item in pairs:
+            if check_surrogates:
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "JSON_ENCODING", "key holds a lone surrogate", parts + [key.encode("utf-8", "backslashreplace").decode()]
+            if key in seen:
+                return "JSON_DUPLICATE_KEY", f"duplicate key {key!r}", parts + [key]
+            seen.add(key)
+            found = _find_problem(item, parts + [key], check_surrogates)
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _find_problem(item, parts + [index], check_surrogates)
+            if found:
+                return found
+    return None
+
+
+def decode_strict(
+    data: bytes,
+    *,
+    max_bytes: int,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    path: str | None = None,
+    error: type[VianoError] = CaseBuildError,
+) -> Any:
+    """Decode one JSON document or raise ``error`` with a stable code.
+
+    Rejects, in this order: more than ``max_bytes`` (``LIMIT_EXCEEDED``); a
+    BOM, NUL bytes (UTF-16/32) or invalid UTF-8 (``JSON_ENCODING``); nesting
+    deeper than ``max_depth`` (``JSON_TOO_DEEP``); malformed JSON, raw control
+    characters or trailing data (``JSON_SYNTAX``); then, reported at the first
+    offending pointer in document order, duplicate keys
+    (``JSON_DUPLICATE_KEY``), NaN/Infinity, overflowing floats and integers
+    beyond +/-(2^53-1) (``JSON_NUMBER``), and lone surrogates (``JSON_ENCODING``).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("decode_strict takes bytes")
+    if len(data) > max_bytes:
+        raise error("LIMIT_EXCEEDED", f"document is {len(data)} bytes, limit {max_bytes}", path=path)
+    data = bytes(data)
+    if data.startswith(b"\xef\xbb\xbf") or data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise error("JSON_ENCODING", "byte order mark; documents must be plain UTF-8", path=path)
+    if b"\x00" in data:
+        raise error("JSON_ENCODING", "NUL byte; UTF-16/32 or binary data is not accepted", path=path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error("JSON_ENCODING", f"invalid UTF-8 at byte {exc.start}", path=path) from None
+    if _max_depth_exceeded(text, max_depth):
+        raise error("JSON_TOO_DEEP", f"nesting deeper than {max_depth}", path=path)
+    try:
+        document, flagged = _parse(text)
+    except json.JSONDecodeError as exc:
+        raise error("JSON_SYNTAX", f"{exc.msg} at line {exc.lineno} column {exc.colno}", path=path) from None
+    except (ValueError, RecursionError) as exc:  # belt and braces: never a bare traceback
+        raise error("JSON_SYNTAX", str(exc), path=path) from None
+    check_surrogates = _ESCAPED_SURROGATE_RE.search(text) is not None
+    if flagged or check_surrogates:
+        found = _find_problem(document, [], check_surrogates)
+        if found:
+            code, message, parts = found
+            raise error(code, message, path=path, pointer=json_pointer(parts))
+    return document
+
+
+def _normalise_numbers(value: Any) -> Any:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("NaN/Infinity cannot be encoded canonically")
+        if value.is_integer() and abs(value) <= MAX_SAFE_INTEGER:
+            return int(value)
+        return value
+    if isinstance(value, dict):
+        return {k: _normalise_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalise_numbers(v) for v in value]
+    return value
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The canonical encoding used for every hash: sorted, compact, UTF-8."""
+    return json.dumps(
+        _normalise_numbers(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    ).encode("utf-8")
+
+
+def canonical_hash(value: Any) -> str:
+    """SHA-256 hex of :func:`canonical_bytes`."""
+    return hashlib.sha256(canonical_bytes(value)).hexdigest()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pretty_bytes(value: Any) -> bytes:
+    """Published-document form: sorted keys, two-space indent, trailing newline."""
+    return (
+        json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    ).encode("utf-8")
+
+
+def read_bounded(
+    path: str | os.PathLike,
+    limit: int,
+    *,
+    label: str | None = None,
+    error: type[VianoError] = CaseBuildError,
+    dir_fd: int | None = None,
+) -> bytes:
+    """Read a whole file of at most ``limit`` bytes, refusing larger ones first.
+
+    The size is checked from ``fstat`` before any byte is read, and the read
+    itself stops at ``limit + 1`` bytes, so a file that grows meanwhile is
+    still refused rather than loaded.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise error("LIMIT_EXCEEDED", f"{size} bytes, limit {limit}", path=label)
+        chunks = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise error("LIMIT_EXCEEDED", f"more than {limit} bytes", path=label)
+        return data
+    finally:
+        os.close(fd)
