@@ -45,6 +45,10 @@ ERROR_CODES: dict[str, str] = {
     "ZIP_RATIO": "an entry's compression ratio exceeds the limit",
     "ZIP_TOO_MANY_ENTRIES": "the archive holds more entries than allowed",
     "ZIP_CRC_MISMATCH": "an entry's content does not match its CRC-32",
+    "RESERVED_PATH": "a package or append source holds content under a reserved prefix (case/, inputs/)",
+    "SOURCE_UNSAFE_NAME": "a directory-source file name is not UTF-8 or holds control, bidi or NUL characters, empty/./.. parts, or is too long or deep",
+    "SOURCE_NAME_COLLISION": "two directory-source names are equal after Unicode NFC and case folding, or a name is both file and directory",
+    "INDEX_MISSING": "an append source has no case-inputs.json at its root",
     # manifests and packages
     "MANIFEST_MISSING": "the package has no manifest.json",
     "MANIFEST_INVALID": "the manifest does not conform to viano-package v1",
@@ -61,6 +65,7 @@ ERROR_CODES: dict[str, str] = {
     "LIMIT_EXCEEDED": "a size or count limit was exceeded before parsing",
     "SCHEMA_VIOLATION": "the document does not conform to its contract",
     "UNSUPPORTED_VERSION": "an unknown format or format_version",
+    "CONTRACT_INVALID": "a bundled contract refers to a schema that is not bundled (nothing is ever fetched)",
     # references inside a package (RELIABILITY.md 27-29)
     "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink",
     "REFERENCE_MISSING": "a reference names a file absent from the manifest",

@@ -1,0 +1,535 @@
+"""Pure case assembly: a validated snapshot in, the canonical case dict out.
+
+:func:`assemble` is the heart of the builder (seed 001, ARCHITECTURE.md
+sections 6-7, docs/internals.md "assemble.py" and "The case document"). It
+performs no I/O, reads no clock, uses no randomness and never iterates a dict
+whose insertion order could differ between runs: every list in the output
+follows a documented input order (inventory ``seq``, then document order), and
+dict-valued inputs (``files``, ``context``) are only looked up by key. The
+same snapshot therefore yields byte-identical :func:`pipeline.jsoncanon.pretty_bytes`
+on any machine, locale, time zone and hash seed.
+
+Nothing is interpreted. Statements are copied verbatim with provenance
+(``kind``, ``source`` content path, RFC 6901 ``pointer`` to the statement
+object); categories come only from the producer's field names; comments and
+tester hypotheses never take part in claim-conflict or fact inference;
+opaque context stays a reference ``{path, sha256, size}``.
+
+Decisions pinned here (each one is also stated where it is implemented):
+
+* **Ids.** ``O``/``C``/``T``/``E``/``F`` records keep the id the prior case gave
+  the same ``(source, pointer)``; new records are numbered after the highest
+  number of their namespace in the prior case, in inventory order (``seq``)
+  then document order. External research statements are numbered after all
+  tester statements of the same build, in ``expected_research`` list order.
+  Numbers never shrink or get reused, so appending inputs never renumbers.
+  ``R`` ids follow the reproductions' inventory order (append-only, hence stable).
+* **Completeness** is derived from explicit ``expected_behavior_complete``
+  declarations only, plus explicit expected-behaviour claim conflicts (see
+  :func:`_completeness`).
+* **Claim conflicts** list every statement carrying a conflicting key (all of
+  its values, in order), with ``pointer`` = the statement object's pointer.
+* **Entity ids**: integers become decimal strings (``42`` and ``"42"`` of one
+  type are one entity; ``"042"`` is another). Booleans and floats (even
+  ``42.0``, as in ``contracts``) are not integers: ``SCHEMA_VIOLATION``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import unicodedata
+from typing import Any
+
+from . import BUILDER_VERSION
+from .errors import CaseBuildError, VianoError
+from .jsoncanon import canonical_bytes, canonical_hash, json_pointer
+from .research_request import build_research_request
+
+try:  # the workspace module owns the rule; fall back to an equivalent check
+    from .workspace import check_reference as _workspace_check_reference
+except ImportError:  # pragma: no cover - only while workspace.py is absent
+    _workspace_check_reference = None
+
+__all__ = [
+    "CASE_FORMAT",
+    "CASE_FORMAT_VERSION",
+    "COMPLETENESS_VALUES",
+    "DEFAULT_INLINE_FACT_VALUE",
+    "GAP_CODES",
+    "assemble",
+    "check_reference",
+]
+
+CASE_FORMAT = "viano-case"
+CASE_FORMAT_VERSION = 1
+DEFAULT_INLINE_FACT_VALUE = 16 * 1024
+
+COMPLETENESS_VALUES = ("missing", "unspecified", "reported_complete", "reported_partial", "conflicting")
+
+#: code -> fixed message. Messages carry no supplied text, so they are safe anywhere.
+GAP_CODES: dict[str, str] = {
+    "MISSING_INDEX": "the package declares no case-inputs index; no report or reproduction roles are known",
+    "NO_REPORTS": "no bug report was supplied",
+    "NO_REPRODUCTIONS": "no reproduction was supplied",
+    "NO_EXPECTED_BEHAVIOR": "no expected behaviour was supplied",
+}
+
+_NAMESPACES = ("O", "C", "T", "E", "F")
+_ID_RE = re.compile(r"^([OCTEF])([0-9]{4,})$")
+_REPORT_BLOCKS = (("observations", "O"), ("comments", "C"), ("tester_hypotheses", "T"), ("expected_behavior", "E"))
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_DRIVE_RE = re.compile(r"^[A-Za-z]:")
+
+
+# --------------------------------------------------------------------------- references
+
+
+def _local_check_reference(ref: Any) -> str:
+    """Equivalent of ``pipeline.workspace.check_reference`` (docs/internals.md)."""
+    if not isinstance(ref, str) or ref == "":
+        raise CaseBuildError("REFERENCE_UNSAFE", "reference must be a non-empty string", path=None)
+    if ref.startswith("/") or "\\" in ref or _DRIVE_RE.match(ref):
+        raise CaseBuildError("REFERENCE_UNSAFE", "reference is absolute or uses a backslash or drive", path=ref)
+    for ch in ref:
+        if ch in _BIDI or unicodedata.category(ch) == "Cc":
+            raise CaseBuildError("REFERENCE_UNSAFE", "reference holds a control or bidi character", path=ref)
+    for part in ref.split("/"):
+        if part in ("", ".", ".."):
+            raise CaseBuildError("REFERENCE_UNSAFE", "reference has an empty, '.' or '..' part", path=ref)
+    return ref
+
+
+def check_reference(ref: Any) -> str:
+    """Validate a content path; ``REFERENCE_UNSAFE`` (path = the ref) if not safe."""
+    if _workspace_check_reference is not None:
+        if not isinstance(ref, str):
+            raise CaseBuildError("REFERENCE_UNSAFE", "reference must be a non-empty string")
+        return _workspace_check_reference(ref)
+    return _local_check_reference(ref)
+
+
+def _resolve_ref(ref: Any, files: dict, where: str, pointer: str) -> dict:
+    """Turn a content path (or a REF dict) into ``{path, sha256, size}`` from ``files``.
+
+    ``where`` is the referring document and ``pointer`` the reference's place in
+    it; both errors name them, never the untrusted reference as the path.
+    """
+    path = ref.get("path") if isinstance(ref, dict) else ref
+    try:
+        check_reference(path)
+    except VianoError as exc:
+        raise CaseBuildError("REFERENCE_UNSAFE", f"unsafe reference: {exc.message}", path=where, pointer=pointer) from None
+    entry = files.get(path)
+    if not isinstance(entry, dict):
+        raise CaseBuildError("REFERENCE_MISSING", f"reference {path!r} is not in the package", path=where, pointer=pointer)
+    return {"path": path, "sha256": entry["sha256"], "size": entry["size"]}
+
+
+def _ref(value: dict) -> dict:
+    """A REF copied down to exactly its three fields."""
+    return {"path": value["path"], "sha256": value["sha256"], "size": value["size"]}
+
+
+# --------------------------------------------------------------------------- ids
+
+
+class _Ids:
+    """Stable record ids by ``(namespace, source, pointer)``.
+
+    Prior ids are reused; a new record gets ``max(prior number in its
+    namespace, numbers handed out so far) + 1``. Callers request ids in
+    inventory order then document order, which is therefore the numbering
+    order of new records.
+    """
+
+    def __init__(self, prior_document: Any) -> None:
+        self._prior: dict[tuple[str, str, str], str] = {}
+        self._next = {ns: 1 for ns in _NAMESPACES}
+        self._given: set[tuple[str, str, str]] = set()
+        if prior_document is not None:
+            self._load(prior_document)
+
+    def _load(self, doc: Any) -> None:
+        if not isinstance(doc, dict) or doc.get("format") != CASE_FORMAT or doc.get("format_version") != CASE_FORMAT_VERSION:
+            raise CaseBuildError("INCOMPATIBLE_CASE", "prior case is not viano-case format_version 1")
+        try:
+            groups = [
+                ("O", doc["human_observations"]["observations"]),
+                ("C", doc["human_observations"]["comments"]),
+                ("T", doc["human_observations"]["tester_hypotheses"]),
+                ("E", doc["expected_behavior"]["statements"]),
+                ("F", doc["runtime_facts"]["facts"]),
+            ]
+            used: set[str] = set()
+            for ns, records in groups:
+                for record in records:
+                    rid = record["id"]
+                    prov = record["provenance"]
+                    match = _ID_RE.match(rid) if isinstance(rid, str) else None
+                    if match is None or match.group(1) != ns or rid in used:
+                        raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case has a malformed or repeated id {rid!r}")
+                    key = (ns, prov["source"], prov["pointer"])
+                    if key in self._prior:
+                        raise CaseBuildError("INCOMPATIBLE_CASE", "prior case gives one source pointer two ids")
+                    used.add(rid)
+                    self._prior[key] = rid
+                    self._next[ns] = max(self._next[ns], int(match.group(2)) + 1)
+        except (KeyError, TypeError) as exc:
+            raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case lacks a required block ({exc})") from None
+
+    def get(self, ns: str, source: str, pointer: str) -> str:
+        key = (ns, source, pointer)
+        if key in self._given:  # a source listed twice would otherwise duplicate ids
+            raise CaseBuildError("DUPLICATE_SOURCE", "the same document is listed twice", path=source)
+        self._given.add(key)
+        rid = self._prior.get(key)
+        if rid is None:
+            rid = f"{ns}{self._next[ns]:04d}"
+            self._next[ns] += 1
+        return rid
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _statement(rid: str, item: dict, kind: str, source: str, pointer: str) -> dict:
+    """A statement ``S``: text, author/observed_at/claim verbatim, provenance."""
+    out = {"id": rid, "text": item["text"], "provenance": {"kind": kind, "source": source, "pointer": pointer}}
+    if "author" in item:
+        out["author"] = item["author"]
+    if "observed_at" in item:
+        out["observed_at"] = item["observed_at"]
+    if "claim" in item:
+        claim = item["claim"]
+        out["claim"] = {"key": claim["key"], "value": copy.deepcopy(claim["value"])}
+    return out
+
+
+def _entity_id(value: Any, source: str, pointer: str) -> str:
+    """Entity ids as strings: ints become decimal strings; bools and floats are refused."""
+    if isinstance(value, bool):
+        raise CaseBuildError("SCHEMA_VIOLATION", "an entity id must be a string or an integer, not a boolean", path=source, pointer=pointer)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    raise CaseBuildError("SCHEMA_VIOLATION", "an entity id must be a string or an integer", path=source, pointer=pointer)
+
+
+class _Entities:
+    """Entities merged by (explicit type, string id), in first-appearance order."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str], dict] = {}
+        self._order: list[tuple[str, str]] = []
+
+    def add(self, document: dict, source: str) -> None:
+        for index, entity in enumerate(document.get("entities") or []):
+            pointer = json_pointer(["entities", index])
+            key = (entity["type"], _entity_id(entity["id"], source, json_pointer(["entities", index, "id"])))
+            record = self._by_key.get(key)
+            if record is None:
+                record = {"type": key[0], "id": key[1], "roles": [], "sources": []}
+                self._by_key[key] = record
+                self._order.append(key)
+            for role in entity.get("roles") or []:
+                if role not in record["roles"]:
+                    record["roles"].append(role)
+            record["sources"].append({"source": source, "pointer": pointer})
+
+    def result(self) -> list[dict]:
+        return [self._by_key[key] for key in self._order]
+
+
+def _claim_conflicts(block: str, statements: list[dict]) -> list[dict]:
+    """Explicit claims with one key but different canonical JSON values.
+
+    Every statement carrying such a key is listed (value, id, source,
+    statement pointer) in statement order; keys in first-appearance order.
+    Natural-language text is never compared.
+    """
+    by_key: dict[str, list[dict]] = {}
+    order: list[str] = []
+    for statement in statements:
+        claim = statement.get("claim")
+        if claim is None:
+            continue
+        if claim["key"] not in by_key:
+            by_key[claim["key"]] = []
+            order.append(claim["key"])
+        by_key[claim["key"]].append(statement)
+    conflicts = []
+    for key in order:
+        group = by_key[key]
+        if len({canonical_bytes(s["claim"]["value"]) for s in group}) > 1:
+            conflicts.append(
+                {
+                    "block": block,
+                    "key": key,
+                    "values": [
+                        {
+                            "value": copy.deepcopy(s["claim"]["value"]),
+                            "id": s["id"],
+                            "source": s["provenance"]["source"],
+                            "pointer": s["provenance"]["pointer"],
+                        }
+                        for s in group
+                    ],
+                }
+            )
+    return conflicts
+
+
+def _completeness(declarations: list[dict], has_statements: bool, has_claim_conflict: bool) -> str:
+    """Expected-behaviour completeness from explicit declarations only.
+
+    ``true`` and ``false`` both declared -> ``conflicting``; otherwise any
+    ``true`` -> ``reported_complete``; any ``false`` -> ``reported_partial``; no
+    declaration -> ``unspecified`` when tester statements exist, else
+    ``missing``. Decision: an explicit claim conflict inside the tester's
+    expected behaviour (same claim key, different canonical values) also makes
+    it ``conflicting`` whatever was declared — a reporter cannot call
+    contradictory expectations complete, and seed 000 requires research for
+    contradictory declarations. Prose is never read for either purpose.
+    """
+    values = {d["value"] for d in declarations}
+    if (True in values and False in values) or has_claim_conflict:
+        return "conflicting"
+    if True in values:
+        return "reported_complete"
+    if False in values:
+        return "reported_partial"
+    return "unspecified" if has_statements else "missing"
+
+
+def _by_seq(docs: list[dict]) -> list[dict]:
+    # sorted() is stable: equal seq values (never produced by the builder) keep list order.
+    return sorted(docs, key=lambda d: d["seq"])
+
+
+# --------------------------------------------------------------------------- research results
+
+
+def _check_research(result_doc: dict, manifest: dict) -> None:
+    """The pure part of seed 000's sibling-request check: hash, identity, revision."""
+    path = result_doc["path"]
+    request = result_doc.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("document"), dict):
+        raise CaseBuildError("RESEARCH_INVALID", "research result has no sibling request", path=path)
+    document = result_doc["document"]
+    if document.get("request_hash") != canonical_hash(request["document"]):
+        raise CaseBuildError("RESEARCH_INVALID", "request_hash does not match the sibling request", path=path, pointer="/request_hash")
+    req = request["document"]
+    if req.get("case_id") != manifest["case_id"] or req.get("package_id") != manifest["package_id"]:
+        raise CaseBuildError("RESEARCH_INVALID", "research request belongs to another case or package", path=request.get("path"))
+    revision = req.get("analysis_revision")
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision > manifest["analysis_revision"]:
+        raise CaseBuildError("RESEARCH_INVALID", "research request is for a future analysis revision", path=request.get("path"))
+
+
+def _external_statements(result_doc: dict, ids: _Ids) -> tuple[list[dict], dict]:
+    """Statements of one research result (origin external_research) and its RESULT entry."""
+    path = result_doc["path"]
+    document = result_doc["document"]
+    sources = document.get("sources") or []
+    statements = []
+    for index, item in enumerate(document.get("statements") or []):
+        pointer = json_pointer(["statements", index])
+        citations = []
+        for cindex, cited in enumerate(item.get("citations") or []):
+            if isinstance(cited, bool) or not isinstance(cited, int) or not 0 <= cited < len(sources):
+                raise CaseBuildError(
+                    "RESEARCH_INVALID", "citation index does not exist in sources", path=path, pointer=json_pointer(["statements", index, "citations", cindex])
+                )
+            src = sources[cited]
+            citations.append({"url": src["url"], "title": src["title"], "retrieved_at": src["retrieved_at"], "excerpt": src["excerpt"]})
+        statement = {
+            "id": ids.get("E", path, pointer),
+            "text": item["text"],
+            "provenance": {"kind": "external_research", "source": path, "pointer": pointer},
+            "origin": "external_research",
+            "citations": citations,
+        }
+        statements.append(statement)
+    entry = {
+        "path": path,
+        "sha256": result_doc["sha256"],
+        "request_hash": document["request_hash"],
+        "provider": copy.deepcopy(document["provider"]),
+        "status": document["status"],
+        "statement_ids": [s["id"] for s in statements],
+    }
+    return statements, entry
+
+
+# --------------------------------------------------------------------------- assemble
+
+
+def assemble(snapshot: dict) -> dict:
+    """Build the canonical case document (docs/internals.md) from ``snapshot``.
+
+    Pure and deterministic; raises :class:`CaseBuildError` with a stable code
+    (``REFERENCE_UNSAFE``, ``REFERENCE_MISSING``, ``RESEARCH_INVALID``,
+    ``INCOMPATIBLE_CASE``, ``DUPLICATE_SOURCE``, ``SCHEMA_VIOLATION``) and the
+    referring document's path and pointer. The snapshot is never mutated and
+    the result shares no mutable object with it.
+    """
+    manifest = snapshot["manifest"]
+    files = snapshot.get("files") or {}
+    limit = (snapshot.get("limits") or {}).get("inline_fact_value", DEFAULT_INLINE_FACT_VALUE)
+    prior = snapshot.get("prior_case")
+    ids = _Ids(prior.get("document") if prior else None)
+
+    reports = _by_seq(list(snapshot.get("reports") or []))
+    reproductions = _by_seq(list(snapshot.get("reproductions") or []))
+    inventory = sorted([("report", d) for d in reports] + [("reproduction", d) for d in reproductions], key=lambda pair: pair[1]["seq"])
+
+    titles: list[dict] = []
+    summaries: list[dict] = []
+    blocks: dict[str, list[dict]] = {"O": [], "C": [], "T": [], "E": []}
+    declarations: list[dict] = []
+    entities = _Entities()
+    facts: list[dict] = []
+    repro_records: list[dict] = []
+
+    # One pass in inventory order, document order inside: this is the id numbering order.
+    for role, doc in inventory:
+        source, document = doc["path"], doc["document"]
+        if role == "report":
+            for field, target in (("title", titles), ("summary", summaries)):
+                if field in document:
+                    target.append({"text": document[field], "provenance": {"kind": "tester_report", "source": source, "pointer": "/" + field}})
+            for field, ns in _REPORT_BLOCKS:
+                for index, item in enumerate(document.get(field) or []):
+                    pointer = json_pointer([field, index])
+                    statement = _statement(ids.get(ns, source, pointer), item, "tester_report", source, pointer)
+                    if ns == "E":
+                        statement["origin"] = "tester"
+                    blocks[ns].append(statement)
+            if "expected_behavior_complete" in document:
+                declarations.append({"value": document["expected_behavior_complete"], "source": source, "pointer": "/expected_behavior_complete"})
+        else:
+            observation_ids = []
+            for index, item in enumerate(document.get("observations") or []):
+                pointer = json_pointer(["observations", index])
+                statement = _statement(ids.get("O", source, pointer), item, "reproduction", source, pointer)
+                blocks["O"].append(statement)
+                observation_ids.append(statement["id"])
+            fact_ids = []
+            for index, item in enumerate(document.get("facts") or []):
+                pointer = json_pointer(["facts", index])
+                fact = {"id": ids.get("F", source, pointer), "name": item["name"], "provenance": {"kind": "reproduction", "source": source, "pointer": pointer}}
+                # Decision: the limit applies to the value's canonical JSON bytes; at the limit it stays inline.
+                if len(canonical_bytes(item["value"])) > limit:
+                    fact["value_ref"] = {"source": source, "pointer": json_pointer(["facts", index, "value"])}
+                else:
+                    fact["value"] = copy.deepcopy(item["value"])
+                facts.append(fact)
+                fact_ids.append(fact["id"])
+            events = document.get("events_ref")
+            repro_records.append(
+                {
+                    "source": source,
+                    "steps": [{"text": text, "pointer": json_pointer(["steps", i])} for i, text in enumerate(document.get("steps") or [])],
+                    "observation_ids": observation_ids,
+                    "fact_ids": fact_ids,
+                    "events_ref": None if events is None else _resolve_ref(events, files, source, "/events_ref"),
+                    "attachments": [
+                        _resolve_ref(ref, files, source, json_pointer(["attachments", i])) for i, ref in enumerate(document.get("attachments") or [])
+                    ],
+                }
+            )
+        entities.add(document, source)
+
+    # R ids follow inventory order of reproductions (append-only, hence stable).
+    reproduction_list = [{"id": f"R{n:04d}", **record} for n, record in enumerate(repro_records, start=1)]
+
+    observation_conflicts = _claim_conflicts("human_observations", blocks["O"])
+    expected_conflicts = _claim_conflicts("expected_behavior", blocks["E"])
+    tester_statements = blocks["E"]
+    completeness = _completeness(declarations, bool(tester_statements), bool(expected_conflicts))
+
+    index_ref = snapshot.get("index")
+    index_path = index_ref["path"] if index_ref else None
+    context = snapshot.get("context") or {}
+
+    def context_refs(role: str) -> list[dict]:
+        return [_resolve_ref(ref, files, index_path, json_pointer(["context", role, i])) for i, ref in enumerate(context.get(role) or [])]
+
+    case = {
+        "format": CASE_FORMAT,
+        "format_version": CASE_FORMAT_VERSION,
+        "builder_version": BUILDER_VERSION,
+        "case": {
+            "case_id": manifest["case_id"],
+            "package_id": manifest["package_id"],
+            "analysis_revision": manifest["analysis_revision"],
+            "package_generation": manifest["package_generation"],
+            "project": copy.deepcopy(manifest["project"]),
+            "request_hash": snapshot["request_hash"],
+        },
+        "bug": {"titles": titles, "summaries": summaries},
+        "human_observations": {"observations": blocks["O"], "comments": blocks["C"], "tester_hypotheses": blocks["T"]},
+        "expected_behavior": {
+            "completeness": completeness,
+            "declarations": declarations,
+            "statements": list(tester_statements),
+            "status": "tester" if tester_statements else None,
+            "sufficiency": "complete" if completeness == "reported_complete" else "partial",
+        },
+        "reproduction": {"reproductions": reproduction_list},
+        "entities": entities.result(),
+        "runtime_facts": {"facts": facts, "context": context_refs("runtime")},
+        "database_context": context_refs("database"),
+        "source_context": context_refs("source"),
+        "research": {"request": None, "request_hash": None, "results": [], "supplied": context_refs("research")},
+        "data_quality": {"gaps": [], "claim_conflicts": observation_conflicts + expected_conflicts},
+        "inputs": {
+            "index": _ref(index_ref) if index_ref else None,
+            "index_history": [_ref(r) for r in snapshot.get("index_history") or []],
+            "reports": [_ref(d) for d in reports],
+            "reproductions": [_ref(d) for d in reproductions],
+            "expected_research": [_ref(d) for d in snapshot.get("expected_research") or []],
+            "attachments": [_resolve_ref(ref, files, index_path, json_pointer(["attachments", i])) for i, ref in enumerate(snapshot.get("attachments") or [])],
+            "unclassified": [_ref(r) for r in snapshot.get("unclassified") or []],
+            "prior_case": _ref(prior) if prior else None,
+        },
+    }
+
+    # The request is built before external statements exist, so enrichment never changes it.
+    request = build_research_request(case)
+    case["research"]["request"] = request
+    case["research"]["request_hash"] = None if request is None else canonical_hash(request)
+
+    external: list[dict] = []
+    results: list[dict] = []
+    for result_doc in snapshot.get("expected_research") or []:
+        _check_research(result_doc, manifest)
+        statements, entry = _external_statements(result_doc, ids)
+        external.extend(statements)
+        results.append(entry)
+    expected = case["expected_behavior"]
+    expected["statements"].extend(external)  # appended: tester statements are never replaced
+    if tester_statements and external:
+        expected["status"] = "combined"
+    elif external:
+        expected["status"] = "external_research"
+    if any(entry["status"] == "complete" for entry in results):
+        expected["sufficiency"] = "complete"
+    case["research"]["results"] = results
+
+    gaps = case["data_quality"]["gaps"]
+    if index_ref is None:
+        gaps.append(_gap("MISSING_INDEX"))
+    if not reports:
+        gaps.append(_gap("NO_REPORTS"))
+    if not reproductions:
+        gaps.append(_gap("NO_REPRODUCTIONS"))
+    if not expected["statements"]:
+        gaps.append(_gap("NO_EXPECTED_BEHAVIOR"))
+    return case
+
+
+def _gap(code: str) -> dict:
+    return {"code": code, "message": GAP_CODES[code]}

@@ -1,0 +1,492 @@
+"""CaseBuilder: the build steps as functions, shared by doit tasks and the Python API.
+
+Each ``step_*`` function is one doit task action (module level, picklable) and
+does its own I/O at the edge: it reads verified inputs, calls a pure core
+(:func:`pipeline.assemble.assemble`, :func:`pipeline.summary.render_summary`)
+and writes a cache record. Only :func:`step_publish` touches the package and
+the CheckpointStore, under the case lock, and it is idempotent: a repeat with
+the same request hash reuses the confirmed output and creates no generation,
+and a crash after publication is confirmed on retry (see recovery.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from . import BUILDER_VERSION
+from .cache import BuildCache
+from .errors import CaseBuildError, IntegrityError, VianoError
+from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
+from .limits import CaseBuilderLimits
+from .plan import make_plan
+
+__all__ = [
+    "CaseBuilder",
+    "BuildResult",
+    "hold_case_lock",
+    "step_validate_index",
+    "step_read_input",
+    "step_hash_context",
+    "step_assemble",
+    "step_render",
+    "step_publish",
+    "publish_is_current",
+    "document_readers",
+    "report_build",
+]
+
+_HELD: dict[tuple[str, str], object] = {}
+_CASE_BUILT_FORMAT = "viano-case-built"
+
+
+def _workspace(root):
+    from .workspace import Workspace
+
+    return Workspace(Path(root))
+
+
+def _store(ws):
+    from .lifecycle import CheckpointStore
+
+    return CheckpointStore(ws)
+
+
+def open_existing_store(ws, case_id: str):
+    """The store of a workspace that holds ``case_id``; never creates one."""
+    from .errors import LifecycleError
+    from .lifecycle import CheckpointStore
+
+    if not ws.store_path.exists():
+        raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)")
+    store = CheckpointStore(ws)
+    if not store.exists(case_id):
+        store.close()
+        raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace")
+    return store
+
+
+def _package(ws, case_id, package_id):
+    from .packages import Package
+
+    return Package(ws, case_id, package_id)
+
+
+def hold_case_lock(ws, case_id: str, timeout: float = 60.0) -> None:
+    """Take the case lock for the rest of this process (doit runs hold it so the
+    dep database, the cache and publication are all behind one lock)."""
+    from .workspace import case_lock
+
+    key = (str(ws.root), case_id)
+    if key in _HELD:
+        return
+    manager = case_lock(ws, case_id, timeout=timeout)
+    manager.__enter__()
+    _HELD[key] = manager
+
+
+@contextlib.contextmanager
+def _locked(ws, case_id: str, timeout: float = 60.0):
+    """The case lock, unless this process already holds it for its lifetime."""
+    if (str(ws.root), case_id) in _HELD:
+        yield
+        return
+    from .workspace import case_lock
+
+    with case_lock(ws, case_id, timeout=timeout):
+        yield
+
+
+def _cache(ws, case_id: str) -> BuildCache:
+    return BuildCache(ws.cache_dir(case_id))
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+# ----------------------------------------------------------------- steps
+
+
+def document_readers(package, limits: CaseBuilderLimits):
+    """The verified readers planning needs: an index, and a prior case."""
+    from .reader import read_document
+
+    def read_index(path, manifest):
+        data = package.read_verified(path, limits.document_bytes, manifest=manifest)
+        return read_document(data, "case-inputs", path=path, max_bytes=limits.document_bytes)
+
+    def read_prior_case(ref, manifest):
+        if ref["size"] > limits.case_bytes:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limits.case_bytes}", path=ref["path"])
+        data = package.read_verified(ref["path"], limits.case_bytes, manifest=manifest)
+        document = decode_strict(data, max_bytes=limits.case_bytes, path=ref["path"])
+        if (
+            not isinstance(document, dict)
+            or document.get("format") != "viano-case"
+            or document.get("format_version") != 1
+            or document.get("builder_version") != BUILDER_VERSION
+        ):
+            raise CaseBuildError("INCOMPATIBLE_CASE", "prior case is not viano-case v1 by builder 1", path=ref["path"])
+        return document
+
+    return read_index, read_prior_case
+
+
+def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits | None = None) -> dict:
+    """validate_index: roll forward, plan the build, record the start checkpoint.
+
+    Refuses a BLOCKED case, and a changed payload after the revision's case was
+    confirmed (``REOPEN_REQUIRED``). Writes the plan to the cache.
+    """
+    from .recovery import roll_forward
+    from .workspace import validate_id
+
+    limits = limits or CaseBuilderLimits()
+    case_id = validate_id(case_id, "case_id")
+    ws = _workspace(workspace_root)
+    store = open_existing_store(ws, case_id)
+    store.close()
+    with _locked(ws, case_id):
+        store = _store(ws)
+        try:
+            record = store.get(case_id)
+            package = _package(ws, case_id, record.package_id)
+            record = roll_forward(store, package, case_id)
+            if record.state == "BLOCKED":
+                blocked = record.blocked or {}
+                raise CaseBuildError(
+                    "ILLEGAL_TRANSITION",
+                    f"case is BLOCKED ({blocked.get('code')}, route {blocked.get('route')}, retry after {blocked.get('retry_after')})",
+                )
+
+            read_index, read_prior_case = document_readers(package, limits)
+            plan = make_plan(package, record.generation, limits, read_index=read_index, read_prior_case=read_prior_case)
+            confirmed = store.confirmed(case_id, plan["step_id"])
+            if confirmed is not None and confirmed.request_hash != plan["request_hash"]:
+                raise CaseBuildError(
+                    "REOPEN_REQUIRED",
+                    f"revision {plan['analysis_revision']} already has a confirmed case; reopen to build changed inputs",
+                )
+            if record.state == "COMPLETED" and confirmed is None:
+                raise CaseBuildError("REOPEN_REQUIRED", "the case is COMPLETED; reopen it first")
+            if record.state in ("VALIDATED", "REOPENED"):
+                store.advance(
+                    case_id,
+                    "start_build",
+                    expected_generation=record.generation,
+                    step_id=plan["step_id"],
+                    request_hash=plan["request_hash"],
+                )
+            plan["store_generation"] = record.generation
+            if plan["prior_case"] is not None:
+                prior = read_prior_case(plan["prior_case"], package.manifest(record.generation))
+                _cache(ws, case_id).write_json(_cache(ws, case_id).document(plan["prior_case"]["sha256"], "case"), prior)
+        finally:
+            store.close()
+        _cache(ws, case_id).write_json(_cache(ws, case_id).plan, plan)
+    return plan
+
+
+def step_read_input(workspace_root, case_id, package_id, path, sha256, size, contract, limits=None) -> None:
+    """read_input: verify one structured document against the manifest, decode
+    it strictly, validate its contract, cache the parsed value by content hash."""
+    from .reader import read_document
+
+    limits = limits or CaseBuilderLimits()
+    ws = _workspace(workspace_root)
+    package = _package(ws, case_id, package_id)
+    manifest = package.manifest()
+    entry = manifest["files"].get(path)
+    if entry is None or entry["sha256"] != sha256 or entry["size"] != size:
+        raise IntegrityError("INTEGRITY_ERROR", "document does not match the planned snapshot", path=path)
+    data = package.read_verified(path, limits.document_bytes, manifest=manifest)
+    document = read_document(data, contract, path=path, max_bytes=limits.document_bytes)
+    cache = _cache(ws, case_id)
+    cache.write_json(cache.document(sha256, contract), document)
+
+
+def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -> None:
+    """hash_context: stream one opaque file, check its sha256/size, cache its REF."""
+    ws = _workspace(workspace_root)
+    package = _package(ws, case_id, package_id)
+    if size >= 64 * 1024 * 1024:
+        _progress(f"hashing {path} ({size} bytes)")
+    actual_sha, actual_size = package.verify_file(path)
+    if actual_sha != sha256 or actual_size != size:
+        raise IntegrityError("INTEGRITY_ERROR", "opaque file does not match the planned snapshot", path=path)
+    cache = _cache(ws, case_id)
+    cache.write_json(cache.opaque(sha256, size), {"path": path, "sha256": sha256, "size": size})
+
+
+def _snapshot(cache: BuildCache, plan: dict) -> dict:
+    """Gather the cached, verified inputs into the assembler's snapshot."""
+    documents = {}
+    for doc in plan["documents"]:
+        record = cache.document(doc["sha256"], doc["contract"])
+        if not record.exists():
+            raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"])
+        documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, "document": cache.read_json(record)}
+    for ref in plan["opaque"]:
+        if not cache.opaque(ref["sha256"], ref["size"]).exists():
+            raise CaseBuildError("INTEGRITY_ERROR", "a planned file was not hashed", path=ref["path"])
+
+    roles = plan["roles"]
+
+    def docs(role):
+        return [documents[ref["path"]] for ref in roles.get(role, [])]
+
+    research = []
+    for result in docs("expected_research"):
+        sibling = result["path"].rsplit("/", 1)[0] + "/request.json" if "/" in result["path"] else "request.json"
+        request = documents.get(sibling)
+        research.append({**result, "request": request})
+    _check_research_pairs(plan, research)
+
+    referenced = set()
+    for value in plan["roles"].values():
+        referenced.update(ref["path"] for ref in value)
+    referenced.update(ref["path"] for ref in plan["index_history"])
+    referenced.update(d["path"] for d in plan["documents"])
+    for reproduction in docs("reproductions"):
+        body = reproduction["document"]
+        if isinstance(body.get("events_ref"), str):
+            referenced.add(body["events_ref"])
+        for attachment in body.get("attachments", []) or []:
+            if isinstance(attachment, str):
+                referenced.add(attachment)
+    unclassified = [ref for ref in plan["opaque"] if ref["path"] not in referenced]
+
+    prior = None
+    if plan["prior_case"] is not None:
+        prior = {**plan["prior_case"], "document": cache.read_json(cache.document(plan["prior_case"]["sha256"], "case"))}
+
+    return {
+        "manifest": {
+            "case_id": plan["case_id"],
+            "package_id": plan["package_id"],
+            "analysis_revision": plan["analysis_revision"],
+            "package_generation": plan["snapshot_generation"],
+            "project": plan["project"],
+        },
+        "request_hash": plan["request_hash"],
+        "limits": {"inline_fact_value": plan["limits"]["inline_fact_value"]},
+        "index": plan["index"],
+        "index_history": plan["index_history"],
+        "reports": docs("reports"),
+        "reproductions": docs("reproductions"),
+        "expected_research": research,
+        "context": {name: roles.get(f"context.{name}", []) for name in ("runtime", "database", "source", "research")},
+        "attachments": roles.get("attachments", []),
+        "files": plan["files"],
+        "unclassified": unclassified,
+        "prior_case": prior,
+    }
+
+
+def _check_research_pairs(plan: dict, research: list[dict]) -> None:
+    """Seed 000: each result's sibling request.json is bound by hash, identity
+    and a revision that is not in the future."""
+    from .jsoncanon import canonical_bytes
+
+    for result in research:
+        request = result["request"]
+        path = result["path"]
+        if request is None:
+            raise CaseBuildError("RESEARCH_INVALID", "research result has no sibling request.json", path=path)
+        body = request["document"]
+        # The stored request must be exactly its canonical bytes, so its file hash
+        # is the request hash anyone can recompute (ARCHITECTURE.md section 7).
+        if sha256_hex(canonical_bytes(body)) != request["sha256"]:
+            raise CaseBuildError("RESEARCH_INVALID", "request.json is not stored as canonical JSON", path=request["path"])
+        if result["document"].get("request_hash") != request["sha256"]:
+            raise CaseBuildError("RESEARCH_INVALID", "result request_hash does not match request.json", path=path, pointer="/request_hash")
+        if body.get("case_id") not in (None, plan["case_id"]) or body.get("package_id") not in (None, plan["package_id"]):
+            raise CaseBuildError("RESEARCH_INVALID", "research request belongs to another case or package", path=request["path"])
+        revision = body.get("analysis_revision")
+        if isinstance(revision, int) and revision > plan["analysis_revision"]:
+            raise CaseBuildError("RESEARCH_INVALID", "research request is from a future analysis revision", path=request["path"], pointer="/analysis_revision")
+
+
+def step_assemble(workspace_root, case_id) -> None:
+    """assemble: snapshot from cache -> pure assemble -> case contract -> cache."""
+    import contracts
+    from .assemble import assemble
+
+    ws = _workspace(workspace_root)
+    cache = _cache(ws, case_id)
+    plan = cache.read_json(cache.plan)
+    case = assemble(_snapshot(cache, plan))
+    contracts.validate("case", case, path=plan["outputs"]["case"])
+    data = pretty_bytes(case)
+    if len(data) > plan["limits"]["case_bytes"]:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
+    cache.write(cache.case_json, data)
+
+
+def step_render(workspace_root, case_id) -> None:
+    """render: the summary from case.json only (pure render_summary)."""
+    from .summary import render_summary
+
+    ws = _workspace(workspace_root)
+    cache = _cache(ws, case_id)
+    plan = cache.read_json(cache.plan)
+    case = decode_strict(cache.case_json.read_bytes(), max_bytes=plan["limits"]["case_bytes"], path=plan["outputs"]["case"])
+    data = render_summary(case).encode("utf-8")
+    if len(data) > plan["limits"]["summary_bytes"]:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
+    cache.write(cache.summary, data)
+
+
+def _case_built(plan: dict, case_bytes: bytes, summary_bytes: bytes) -> bytes:
+    outputs = plan["outputs"]
+    return pretty_bytes(
+        {
+            "format": _CASE_BUILT_FORMAT,
+            "format_version": 1,
+            "builder_version": BUILDER_VERSION,
+            "case_id": plan["case_id"],
+            "package_id": plan["package_id"],
+            "analysis_revision": plan["analysis_revision"],
+            "package_generation": plan["snapshot_generation"],
+            "step_id": plan["step_id"],
+            "request_hash": plan["request_hash"],
+            "case": {"path": outputs["case"], "sha256": sha256_hex(case_bytes), "size": len(case_bytes)},
+            "case_summary": {"path": outputs["case_summary"], "sha256": sha256_hex(summary_bytes), "size": len(summary_bytes)},
+        }
+    )
+
+
+class BuildResult(dict):
+    """What a build did: ``status`` is ``published`` or ``reused``."""
+
+
+def step_publish(workspace_root, case_id) -> BuildResult:
+    """publish: case.json, summary and case-built.json as one new generation,
+    then the ``case_built`` checkpoint with compare-and-swap on the generation.
+
+    Idempotent: an already-confirmed identical request is reused (no new
+    generation); a publication whose checkpoint was lost is confirmed.
+    """
+    from .faults import crashpoint
+    from .packages import PackageWriter
+    from .recovery import roll_forward
+
+    ws = _workspace(workspace_root)
+    cache = _cache(ws, case_id)
+    plan = cache.read_json(cache.plan)
+    case_bytes = cache.case_json.read_bytes()
+    summary_bytes = cache.summary.read_bytes()
+    built_bytes = _case_built(plan, case_bytes, summary_bytes)
+    outputs = plan["outputs"]
+    with _locked(ws, case_id):
+        store = _store(ws)
+        try:
+            package = _package(ws, case_id, plan["package_id"])
+            record = roll_forward(store, package, case_id)
+            confirmed = store.confirmed(case_id, plan["step_id"])
+            if confirmed is not None:
+                if confirmed.request_hash != plan["request_hash"]:
+                    raise CaseBuildError("REOPEN_REQUIRED", "this revision already has a confirmed case with other inputs")
+                _check_published(package, outputs, case_bytes, summary_bytes)
+                result = BuildResult(status="reused", generation=record.generation, **outputs)
+            else:
+                if record.generation != plan["store_generation"]:
+                    raise CaseBuildError("STALE_GENERATION", "the package changed since the build was planned; run the build again")
+                writer = PackageWriter(package)
+                manifest = writer.publish(
+                    record.generation,
+                    {outputs["case"]: case_bytes, outputs["case_summary"]: summary_bytes, outputs["case_built"]: built_bytes},
+                    artifacts={"case": outputs["case"], "case_summary": outputs["case_summary"]},
+                )
+                crashpoint("build:after-publish")
+                store.advance(
+                    case_id,
+                    "case_built",
+                    expected_generation=record.generation,
+                    new_generation=manifest["package_generation"],
+                    step_id=plan["step_id"],
+                    request_hash=plan["request_hash"],
+                    artifacts=[outputs["case"], outputs["case_summary"], outputs["case_built"]],
+                )
+                crashpoint("build:after-confirm")
+                result = BuildResult(status="published", generation=manifest["package_generation"], **outputs)
+        finally:
+            store.close()
+    cache.write_json(cache.published, {"request_hash": plan["request_hash"], "step_id": plan["step_id"], **result})
+    return result
+
+
+def _check_published(package, outputs: dict, case_bytes: bytes, summary_bytes: bytes) -> None:
+    """A reuse re-checks the published documents against this build's output."""
+    manifest = package.manifest()
+    for key, data in (("case", case_bytes), ("case_summary", summary_bytes)):
+        entry = manifest["files"].get(outputs[key])
+        if entry is None:
+            raise IntegrityError("INTEGRITY_ERROR", "confirmed case output is missing from the manifest", path=outputs[key])
+        if entry["sha256"] != sha256_hex(data):
+            raise IntegrityError(
+                "INTEGRITY_ERROR",
+                "the confirmed output differs from a rebuild of the same inputs (non-deterministic build or tampering)",
+                path=outputs[key],
+            )
+    package.verify_file(outputs["case"], manifest=manifest)
+    package.verify_file(outputs["case_summary"], manifest=manifest)
+
+
+def publish_is_current(workspace_root, case_id) -> bool:
+    """doit ``uptodate`` for publish: the cached output is the confirmed one."""
+    ws = _workspace(workspace_root)
+    cache = _cache(ws, case_id)
+    try:
+        plan = cache.read_json(cache.plan)
+        published = cache.read_json(cache.published)
+    except (OSError, VianoError):
+        return False
+    if published.get("request_hash") != plan.get("request_hash"):
+        return False
+    store = _store(ws)
+    try:
+        confirmed = store.confirmed(case_id, plan["step_id"])
+    finally:
+        store.close()
+    return confirmed is not None and confirmed.request_hash == plan["request_hash"]
+
+
+def report_build(workspace_root, case_id) -> None:
+    """The ``build`` task's own output: one line naming the confirmed case."""
+    ws = _workspace(workspace_root)
+    cache = _cache(ws, case_id)
+    plan = cache.read_json(cache.plan)
+    published = cache.read_json(cache.published)
+    sys.stdout.write(
+        f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
+        f"{published['case_summary']} confirmed at generation {published['generation']} "
+        f"({published['status']}; request {plan['request_hash'][:16]})\n"
+    )
+
+
+class CaseBuilder:
+    """Python API: ``CaseBuilder(store).build(case_id, package_id)`` runs the
+    same steps as ``doit build`` in-process (no incremental cache reuse beyond
+    what the steps themselves check)."""
+
+    def __init__(self, store, limits: CaseBuilderLimits | None = None) -> None:
+        self.store = store
+        self.limits = limits or CaseBuilderLimits()
+
+    def build(self, case_id: str, package_id: str | None = None) -> BuildResult:
+        ws = self.store.workspace
+        with _locked(ws, case_id):
+            plan = step_validate_index(ws.root, case_id, self.limits)
+            if package_id is not None and package_id != plan["package_id"]:
+                raise CaseBuildError("INVALID_ARGUMENT", f"case {case_id} holds package {plan['package_id']}, not {package_id}")
+            for doc in plan["documents"]:
+                step_read_input(ws.root, case_id, plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"], self.limits)
+            for ref in plan["opaque"]:
+                step_hash_context(ws.root, case_id, plan["package_id"], ref["path"], ref["sha256"], ref["size"])
+            step_assemble(ws.root, case_id)
+            step_render(ws.root, case_id)
+            return step_publish(ws.root, case_id)

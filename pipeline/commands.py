@@ -1,0 +1,323 @@
+"""The lifecycle commands behind ``doit admit|append|reopen|export|status|probes``.
+
+Each ``cmd_*`` takes the raw doit variables (strings or None), validates them
+(a bad variable is a one-line error with a code and changes nothing), does its
+I/O under the case lock, and prints its result on stdout. Long work reports
+progress on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError
+from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
+from .limits import CaseBuilderLimits
+
+__all__ = [
+    "cmd_admit",
+    "cmd_append",
+    "cmd_reopen",
+    "cmd_export",
+    "cmd_status",
+    "cmd_probes",
+    "OPERATOR_SOURCE_RE",
+]
+
+#: ARCHITECTURE.md section 12: human:NAME, agent:SESSION[:parent=CASE_ID], system:ORIGIN.
+OPERATOR_SOURCE_RE = re.compile(
+    r"^(human:[^\s:][^\x00-\x1f\x7f]{0,127}"
+    r"|agent:[A-Za-z0-9][A-Za-z0-9._-]{0,127}(:parent=[A-Za-z0-9][A-Za-z0-9._-]{0,127})?"
+    r"|system:[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
+)
+_REASON_LIMIT = 4096
+
+
+def _required(value, name: str) -> str:
+    if value is None or str(value).strip() == "":
+        raise VianoError("INVALID_ARGUMENT", f"missing variable {name}=...")
+    return str(value)
+
+
+def _context(case_var, workspace_var):
+    from .workspace import Workspace, validate_id
+
+    case_id = validate_id(_required(case_var, "case"), "case_id")
+    ws = Workspace.from_var(workspace_var)
+    return case_id, ws
+
+
+def _existing_store(ws, case_id):
+    from .build import open_existing_store
+
+    return open_existing_store(ws, case_id)
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+# ------------------------------------------------------------------ admit
+
+
+def cmd_admit(case=None, source=None, workspace=None) -> None:
+    """Admit a ZIP or directory bug package as a new case (state VALIDATED)."""
+    from .intake import admit
+
+    case_id, ws = _context(case, workspace)
+    source_path = Path(_required(source, "source"))
+    if not source_path.exists() and not source_path.is_symlink():
+        raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
+    manifest = admit(ws, case_id, source_path)
+    total = sum(entry["size"] for entry in manifest["files"].values())
+    _out(
+        f"admitted case {case_id}: package {manifest['package_id']}, generation 1, "
+        f"{len(manifest['files'])} files, {total} bytes, state VALIDATED"
+    )
+
+
+# ------------------------------------------------------------------ append
+
+
+def cmd_append(case=None, source=None, workspace=None) -> None:
+    """Add new files and a returning case-inputs index as a new generation."""
+    from .intake import read_append_source
+    from .packages import Package, PackageWriter
+    from .reader import read_document
+    from .recovery import roll_forward
+    from .plan import step_id_for
+    from .workspace import case_lock, check_reference
+
+    case_id, ws = _context(case, workspace)
+    source_path = Path(_required(source, "source"))
+    if not source_path.exists() and not source_path.is_symlink():
+        raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
+    limits = CaseBuilderLimits()
+    store = _existing_store(ws, case_id)
+    try:
+        with case_lock(ws, case_id):
+            record = store.get(case_id)
+            package = Package(ws, case_id, record.package_id)
+            record = roll_forward(store, package, case_id)
+            if record.state == "COMPLETED" or store.confirmed(case_id, step_id_for(record.analysis_revision)):
+                raise LifecycleError(
+                    "REOPEN_REQUIRED",
+                    f"revision {record.analysis_revision} has a confirmed case; reopen the case before appending",
+                )
+            if record.state == "BLOCKED":
+                raise LifecycleError("ILLEGAL_TRANSITION", "the case is BLOCKED; resume it before appending")
+            staged = read_append_source(ws, source_path)
+            try:
+                index_bytes = staged.index_bytes
+                read_document(index_bytes, "case-inputs", path="case-inputs.json", max_bytes=limits.document_bytes)
+                manifest = package.manifest(record.generation)
+                generation = record.generation + 1
+                index_path = f"inputs/{generation}/case-inputs.json"
+                files = dict(staged.files)
+                if index_path in files:
+                    raise AdmissionError("RESERVED_PATH", f"{index_path} is written by append itself", path=index_path)
+                _check_returning_index(decode_strict(index_bytes, max_bytes=limits.document_bytes), files, manifest)
+                files[index_path] = index_bytes
+                new_manifest = PackageWriter(package).publish(
+                    record.generation, files, artifacts={"case_inputs": index_path}
+                )
+                store.advance(
+                    case_id, "intake", expected_generation=record.generation,
+                    new_generation=new_manifest["package_generation"],
+                )
+            finally:
+                staged.cleanup()
+    finally:
+        store.close()
+    _out(
+        f"appended to case {case_id}: generation {new_manifest['package_generation']}, "
+        f"{len(files)} new files, index {index_path}"
+    )
+
+
+def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None:
+    """Every path a returning index lists is either new in this append or already
+    in the package (then it is inherited, re-read from its immutable original)."""
+    from .workspace import check_reference
+
+    roles = [("reports", index.get("reports", [])), ("reproductions", index.get("reproductions", [])),
+             ("expected_research", index.get("expected_research", [])), ("attachments", index.get("attachments", []))]
+    for name, listed in sorted(index.get("context", {}).items()):
+        roles.append((f"context/{name}", listed))
+    for role, listed in roles:
+        for position, ref in enumerate(listed):
+            pointer = f"/{role}/{position}"
+            try:
+                check_reference(ref)
+            except VianoError as exc:
+                raise CaseBuildError(exc.code, exc.message, path="case-inputs.json", pointer=pointer) from None
+            if ref not in new_files and ref not in manifest["files"]:
+                raise CaseBuildError(
+                    "REFERENCE_MISSING", f"{ref!r} is neither in this append nor in the package",
+                    path="case-inputs.json", pointer=pointer,
+                )
+
+
+# ------------------------------------------------------------------ reopen
+
+
+def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
+    """Open a new analysis revision on a built or completed case."""
+    from .packages import Package, PackageWriter
+    from .recovery import roll_forward
+    from .plan import step_id_for
+    from .workspace import case_lock
+
+    case_id, ws = _context(case, workspace)
+    source = _required(by, "by")
+    if not OPERATOR_SOURCE_RE.match(source):
+        raise VianoError("INVALID_ARGUMENT", "by= must be human:NAME, agent:SESSION[:parent=CASE] or system:ORIGIN")
+    text = _required(reason, "reason")
+    if len(text) > _REASON_LIMIT:
+        raise VianoError("INVALID_ARGUMENT", f"reason is longer than {_REASON_LIMIT} characters")
+    store = _existing_store(ws, case_id)
+    try:
+        with case_lock(ws, case_id):
+            record = store.get(case_id)
+            package = Package(ws, case_id, record.package_id)
+            record = roll_forward(store, package, case_id)
+            built = store.confirmed(case_id, step_id_for(record.analysis_revision))
+            if not (record.state == "COMPLETED" or (record.state == "BUILDING_CASE" and built is not None)):
+                raise LifecycleError(
+                    "ILLEGAL_TRANSITION",
+                    f"reopen needs a built or completed case; {case_id} is {record.state}"
+                    + ("" if built else " without a confirmed case"),
+                )
+            new_manifest = PackageWriter(package).publish(
+                record.generation, {}, analysis_revision=record.analysis_revision + 1
+            )
+            store.advance(
+                case_id, "reopen", expected_generation=record.generation,
+                new_generation=new_manifest["package_generation"],
+                detail={"by": source, "reason": text},
+            )
+    finally:
+        store.close()
+    _out(
+        f"reopened case {case_id}: analysis revision {new_manifest['analysis_revision']}, "
+        f"generation {new_manifest['package_generation']}, state REOPENED"
+    )
+
+
+# ------------------------------------------------------------------ export
+
+
+def cmd_export(case=None, dest=None, workspace=None) -> None:
+    """Copy the current case.json, case_summary.md and manifest to ``dest``."""
+    from .packages import Package, write_durable
+
+    case_id, ws = _context(case, workspace)
+    destination = Path(_required(dest, "dest"))
+    limits = CaseBuilderLimits()
+    store = _existing_store(ws, case_id)
+    try:
+        record = store.get(case_id)
+    finally:
+        store.close()
+    package = Package(ws, case_id, record.package_id)
+    manifest = package.manifest(record.generation)
+    artifacts = manifest.get("artifacts", {})
+    if "case" not in artifacts:
+        raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
+    outputs = {
+        "case.json": package.read_verified(artifacts["case"], limits.case_bytes, manifest=manifest),
+        "case_summary.md": package.read_verified(artifacts["case_summary"], limits.summary_bytes, manifest=manifest),
+        "manifest.json": pretty_bytes(manifest),
+    }
+    if destination.exists() and not destination.is_dir():
+        raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
+    for name, data in outputs.items():
+        target = destination / name
+        if target.is_symlink():
+            raise CaseBuildError("CONTENT_CONFLICT", f"{target} is a symlink; refusing to write through it")
+        if target.exists():
+            if sha256_hex(target.read_bytes()) != sha256_hex(data):
+                raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
+    destination.mkdir(parents=True, exist_ok=True)
+    for name, data in outputs.items():
+        if not (destination / name).exists():
+            write_durable(destination, name, data)
+    _out(f"exported case {case_id} (revision {manifest['analysis_revision']}, generation {manifest['package_generation']}) to {destination}")
+
+
+# ------------------------------------------------------------------ status
+
+
+def cmd_status(case=None, workspace=None) -> None:
+    """Print state, revision, generation, artifacts, checkpoints and the build outlook."""
+    from .packages import Package
+    from .status import build_outlook
+
+    case_id, ws = _context(case, workspace)
+    store = _existing_store(ws, case_id)
+    try:
+        record = store.get(case_id)
+        checkpoints = store.checkpoints(case_id)
+    finally:
+        store.close()
+    package = Package(ws, case_id, record.package_id)
+    manifest = package.manifest(record.generation)
+    _out(f"case: {case_id}")
+    _out(f"package: {record.package_id}")
+    _out(f"state: {record.state}")
+    if record.blocked:
+        _out(f"blocked: {record.blocked}")
+    _out(f"analysis_revision: {record.analysis_revision}")
+    _out(f"generation: {record.generation}")
+    latest = package.current_generation()
+    if latest != record.generation:
+        _out(f"package generations not yet taken in: {record.generation + 1}..{latest} (the next command rolls them forward)")
+    for key in sorted(manifest.get("artifacts", {})):
+        _out(f"artifact {key}: {manifest['artifacts'][key]}")
+    _out(f"files: {len(manifest['files'])}")
+    _out("checkpoints (latest last):")
+    for checkpoint in checkpoints[-8:]:
+        _out(
+            f"  #{checkpoint.seq} {checkpoint.step_id or '-'} {checkpoint.kind} "
+            f"generation={checkpoint.generation} request={(checkpoint.request_hash or '-')[:16]}"
+        )
+    _out("build outlook (task: would run? why):")
+    for task, reason in build_outlook(ws, case_id, record, package):
+        _out(f"  {task}: {reason}")
+
+
+# ------------------------------------------------------------------ probes
+
+
+def cmd_probes(case=None, workspace=None) -> int:
+    """Print the two probe candidates for an unresolved built case, or say none."""
+    from .packages import Package
+    from .probes import probes_command_output
+
+    case_id, ws = _context(case, workspace)
+    limits = CaseBuilderLimits()
+    store = _existing_store(ws, case_id)
+    try:
+        record = store.get(case_id)
+    finally:
+        store.close()
+    package = Package(ws, case_id, record.package_id)
+    manifest = package.manifest(record.generation)
+    path = manifest.get("artifacts", {}).get("case")
+    if not path:
+        raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
+    data = package.read_verified(path, limits.case_bytes, manifest=manifest)
+    document = decode_strict(data, max_bytes=limits.case_bytes, path=path)
+    text, code = probes_command_output(document, path, sha256_hex(data))
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return code

@@ -1,0 +1,159 @@
+"""doit integration: configuration, the content-hash checker, error reporting.
+
+``dodo.py`` only declares tasks; everything doit-specific that needs logic
+lives here:
+
+* :func:`doit_config` — one sqlite3 dep file per case under
+  ``<workspace>/.cache/<case_id>/`` (doit's default dbm backend falls back to
+  ``dbm.dumb`` here and is unsafe across processes), taken behind the case
+  lock for the whole run; commands that keep no task state use an in-memory
+  database so they never touch the workspace.
+* :class:`ContentHashChecker` — file_deps are judged by size and sha256, never
+  by mtime (doit's md5 checker trusts an unchanged mtime, RELIABILITY.md 43).
+* :class:`OneLineReporter` — a failed command prints ``CODE: message`` on one
+  line to stderr; doit's tracebacks are kept for genuine bugs only.
+* :func:`guarded` — runs a pipeline function so a :class:`VianoError` becomes
+  a doit ``TaskFailed`` carrying that one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+
+from doit.dependency import FileChangedChecker
+from doit.exceptions import TaskFailed
+from doit.reporter import ConsoleReporter
+
+from .errors import VianoError
+
+__all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "BUILD_TASKS"]
+
+#: Tasks that read or write a case's build cache; only these take the lock.
+BUILD_TASKS = ("build", "validate_index", "read_input", "hash_context", "assemble", "render", "publish")
+_CODE_LINE = re.compile(r"^[A-Z][A-Z_]+: ")
+
+
+class ContentHashChecker(FileChangedChecker):
+    """A file_dep changed iff its size or sha256 changed (mtime is ignored)."""
+
+    def check_modified(self, file_path, file_stat, state):
+        size, digest = state
+        if file_stat.st_size != size:
+            return True
+        return _sha256_file(file_path) != digest
+
+    def get_state(self, dep, current_state):
+        state = (os.path.getsize(dep), _sha256_file(dep))
+        if current_state is not None and tuple(current_state) == state:
+            return None
+        return state
+
+
+def _sha256_file(path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+class OneLineReporter(ConsoleReporter):
+    """Progress lines on stderr; failures as one ``CODE: message`` line."""
+
+    desc = "viano: one-line errors"
+
+    def __init__(self, outstream, options):
+        super().__init__(sys.stderr, options)
+
+    def execute_task(self, task):
+        if task.actions and task.name[0] != "_" and task.name in BUILD_TASKS[1:] or ":" in task.name:
+            self.write(f".  {task.title()}\n")
+
+    def skip_uptodate(self, task):
+        if task.name[0] != "_" and task.name not in ("read_input", "hash_context"):
+            self.write(f"-- {task.title()}\n")
+
+    def add_failure(self, task, fail):
+        message = getattr(fail, "message", "") or ""
+        if _CODE_LINE.match(message):
+            self.failures.append({"task": task, "exception": fail, "viano": True})
+            self.write(message.splitlines()[0] + "\n")
+        else:
+            super().add_failure(task, fail)
+
+    def complete_run(self):
+        self.failures = [f for f in self.failures if not f.get("viano")]
+        super().complete_run()
+
+
+def guarded(target: str, *args, **kwargs):
+    """Run ``module:function`` as a doit action; a VianoError becomes a
+    one-line TaskFailed. Taking a dotted name keeps every action picklable."""
+    module_name, _, name = target.partition(":")
+    function = getattr(importlib.import_module(module_name), name)
+    try:
+        outcome = function(*args, **kwargs)
+    except VianoError as error:
+        return TaskFailed(str(error))
+    if isinstance(outcome, int) and not isinstance(outcome, bool) and outcome != 0:
+        return TaskFailed(f"EXIT_STATUS: {target} finished with status {outcome}")
+    return None
+
+
+def code_version() -> str:
+    """sha256 over the builder's own code and contracts: a new builder rebuilds."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for folder in ("pipeline", "contracts"):
+        for path in sorted((root / folder).glob("*")):
+            if path.suffix in (".py", ".json") and path.is_file():
+                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _requested_tasks(argv) -> list[str]:
+    names = []
+    for arg in argv[1:]:
+        if arg.startswith("-") or "=" in arg:
+            continue
+        names.append(arg.split(":", 1)[0])
+    return names
+
+
+def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
+    """DOIT_CONFIG for this invocation (see module docstring)."""
+    from .workspace import Workspace, validate_id
+
+    argv = sys.argv if argv is None else argv
+    config = {
+        "backend": "sqlite3",
+        "dep_file": ":memory:",
+        "check_file_uptodate": ContentHashChecker,
+        "reporter": OneLineReporter,
+        "default_tasks": [],
+        "verbosity": 1,
+    }
+    requested = _requested_tasks(argv)
+    wants_build = any(name in BUILD_TASKS for name in requested)
+    if not wants_build or not case_var:
+        return config
+    try:
+        case_id = validate_id(case_var, "case_id")
+        ws = Workspace.from_var(workspace_var)
+    except VianoError:
+        return config  # the task action reports the bad variable with its code
+    if not ws.store_path.exists() or not ws.case_dir(case_id).is_dir():
+        return config  # unknown case: the action reports UNKNOWN_CASE, nothing is created
+    from .build import hold_case_lock
+
+    try:
+        hold_case_lock(ws, case_id)
+    except VianoError as error:
+        sys.stderr.write(str(error) + "\n")
+        raise SystemExit(3)
+    cache_dir = ws.cache_dir(case_id)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    config["dep_file"] = str(cache_dir / "doit.sqlite3")
+    return config

@@ -1,0 +1,522 @@
+"""The CheckpointStore: per-case lifecycle state and an append-only checkpoint log in SQLite.
+
+State machine (ARCHITECTURE.md section 4)::
+
+    admit        (none)                                   -> VALIDATED
+    start_build  VALIDATED | REOPENED                     -> BUILDING_CASE   (kind "start")
+    case_built   BUILDING_CASE                            -> BUILDING_CASE   (kind "complete")
+    reopen       BUILDING_CASE with a case built | COMPLETED -> REOPENED     (analysis_revision + 1)
+    block        any but BLOCKED                          -> BLOCKED(code, route, retry_after)
+    resume       BLOCKED                                  -> the state before the block
+    complete     BUILDING_CASE with a case built          -> COMPLETED       (kind "completed")
+    intake       any but COMPLETED                        -> unchanged       (generation := new_generation)
+
+"A case built" means a ``case_built`` checkpoint for the *current* analysis
+revision; there is at most one per revision (a second one with another
+request hash is ``REOPEN_REQUIRED``).
+
+Guarantees: every write is one ``BEGIN IMMEDIATE`` transaction that first
+re-reads the case, so ``advance`` is a compare-and-swap on the generation;
+a refused step (``STALE_GENERATION``, ``ILLEGAL_TRANSITION``, bad arguments)
+changes nothing. The log is append-only, enforced by triggers that abort any
+UPDATE or DELETE of it. The database runs in WAL mode with
+``synchronous=FULL`` so a committed checkpoint survives a power cut. Clock
+time is stored in the log only (``Checkpoint.time``) and never flows into case
+output. One store object is one connection: use it from one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from .errors import IntegrityError, LifecycleError, VianoError
+from .workspace import Workspace, validate_id
+
+__all__ = [
+    "STATES",
+    "TRANSITIONS",
+    "SCHEMA_VERSION",
+    "CaseRecord",
+    "Checkpoint",
+    "CheckpointStore",
+]
+
+STATES = ("VALIDATED", "BUILDING_CASE", "REOPENED", "BLOCKED", "COMPLETED")
+TRANSITIONS = ("start_build", "case_built", "intake", "reopen", "block", "resume", "complete")
+SCHEMA_VERSION = 1
+
+_KIND = {
+    "start_build": "start",
+    "case_built": "complete",
+    "intake": "intake",
+    "reopen": "reopen",
+    "block": "block",
+    "resume": "resume",
+    "complete": "completed",
+}
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cases (
+    case_id           TEXT PRIMARY KEY,
+    package_id        TEXT NOT NULL,
+    state             TEXT NOT NULL CHECK (state IN {STATES!r}),
+    analysis_revision INTEGER NOT NULL CHECK (analysis_revision >= 0),
+    generation        INTEGER NOT NULL CHECK (generation >= 0),
+    blocked           TEXT,
+    prior_state       TEXT CHECK (prior_state IS NULL OR prior_state IN {STATES!r}),
+    CHECK ((state = 'BLOCKED') = (prior_state IS NOT NULL AND blocked IS NOT NULL))
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+    case_id           TEXT NOT NULL REFERENCES cases (case_id),
+    transition        TEXT NOT NULL,
+    kind              TEXT NOT NULL,
+    step_id           TEXT,
+    request_hash      TEXT,
+    generation        INTEGER NOT NULL,
+    analysis_revision INTEGER NOT NULL,
+    state             TEXT NOT NULL CHECK (state IN {STATES!r}),
+    artifacts         TEXT NOT NULL,
+    detail            TEXT,
+    time              TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_by_step ON checkpoints (case_id, kind, step_id);
+CREATE TRIGGER IF NOT EXISTS checkpoints_append_only_update BEFORE UPDATE ON checkpoints
+BEGIN SELECT RAISE(ABORT, 'the checkpoint log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_append_only_delete BEFORE DELETE ON checkpoints
+BEGIN SELECT RAISE(ABORT, 'the checkpoint log is append-only'); END;
+"""
+
+_CASE_COLUMNS = "case_id, package_id, state, analysis_revision, generation, blocked, prior_state"
+_CP_COLUMNS = "seq, case_id, transition, kind, step_id, request_hash, generation, analysis_revision, state, artifacts, detail, time"
+# "A case built for the current revision", as one SQL expression over a cases row `c`.
+_BUILT_SQL = (
+    "EXISTS (SELECT 1 FROM checkpoints k WHERE k.case_id = c.case_id AND k.kind = 'complete' "
+    "AND k.analysis_revision = c.analysis_revision)"
+)
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """One case as the store knows it.
+
+    ``blocked`` is ``{"code", "route", "retry_after", "prior_state"}`` while
+    BLOCKED, else None. ``case_built`` tells whether the current analysis
+    revision has a confirmed ``case_built`` checkpoint.
+    """
+
+    case_id: str
+    package_id: str
+    state: str
+    analysis_revision: int
+    generation: int
+    blocked: dict | None
+    case_built: bool
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One entry of the append-only log; ``state``/``generation``/``analysis_revision`` are after the step."""
+
+    seq: int
+    case_id: str
+    transition: str
+    kind: str
+    step_id: str | None
+    request_hash: str | None
+    generation: int
+    analysis_revision: int
+    state: str
+    artifacts: tuple[str, ...]
+    detail: dict | None
+    time: str
+
+
+def _now() -> str:
+    # The only clock read in the pipeline: stored in the log, never in case output.
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _db_error(exc: sqlite3.Error, what: str) -> VianoError:
+    """Map a sqlite3 failure to a stable code: busy -> LOCK_TIMEOUT, I/O -> IO_ERROR, else INTEGRITY_ERROR."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return LifecycleError("LOCK_TIMEOUT", f"checkpoint store busy while {what}: {exc}")
+    if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
+        return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}")
+    return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}")
+
+
+def _invalid(message: str) -> LifecycleError:
+    return LifecycleError("INVALID_ARGUMENT", message)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+class CheckpointStore:
+    """Transactional lifecycle store at ``workspace.store_path`` (see the module docstring).
+
+    ``create=False`` refuses to create a missing store (``UNKNOWN_CASE``), so
+    read-only commands leave an empty workspace untouched.
+    """
+
+    def __init__(self, workspace: Workspace, *, busy_timeout: float = 30.0, create: bool = True) -> None:
+        self.workspace = workspace
+        path = workspace.store_path
+        if not path.exists():
+            if not create:
+                raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _db_error(exc, "opening") from None
+        self._conn = conn
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {problems[:3]}")
+            self._ensure_schema()
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _db_error(exc, "opening") from None
+        except BaseException:
+            conn.close()
+            raise
+
+    # ---------------------------------------------------------------- plumbing
+
+    def close(self) -> None:
+        """Close the connection (the last close also checkpoints the WAL into the database)."""
+        self._conn.close()
+
+    def __enter__(self) -> "CheckpointStore":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _ensure_schema(self) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # executescript() would COMMIT our BEGIN IMMEDIATE; run statement by statement.
+            # (Trigger bodies hold "; END", never ";\n", so this split keeps them whole.)
+            for statement in _SCHEMA.split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store has schema version {row[0]!r}, expected {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _write(self, body, what: str):
+        """Run ``body(conn)`` in one BEGIN IMMEDIATE transaction; roll back on any error."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _db_error(exc, what) from None
+        try:
+            result = body(conn)
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            if isinstance(exc, sqlite3.Error):
+                raise _db_error(exc, what) from None
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise _db_error(exc, what) from None
+        return result
+
+    def _read(self, sql: str, args: tuple, what: str) -> list[tuple]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise _db_error(exc, what) from None
+
+    # ---------------------------------------------------------------- decoding rows
+
+    @staticmethod
+    def _record(row: tuple) -> CaseRecord:
+        case_id, package_id, state, revision, generation, blocked, prior_state, built = row
+        if state not in STATES:
+            raise IntegrityError("INTEGRITY_ERROR", f"case {case_id} has unknown state {state!r}")
+        info = None
+        if state == "BLOCKED":
+            try:
+                stored = json.loads(blocked)
+            except (TypeError, ValueError):
+                raise IntegrityError("INTEGRITY_ERROR", f"case {case_id} has a corrupt block record") from None
+            info = {"code": stored.get("code"), "route": stored.get("route"), "retry_after": stored.get("retry_after"),
+                    "prior_state": prior_state}
+        return CaseRecord(case_id, package_id, state, revision, generation, info, bool(built))
+
+    @staticmethod
+    def _checkpoint(row: tuple) -> Checkpoint:
+        seq, case_id, transition, kind, step_id, request_hash, generation, revision, state, artifacts, detail, time = row
+        try:
+            arts = tuple(json.loads(artifacts))
+            det = json.loads(detail) if detail is not None else None
+        except (TypeError, ValueError):
+            raise IntegrityError("INTEGRITY_ERROR", f"checkpoint {seq} of case {case_id} is corrupt") from None
+        return Checkpoint(seq, case_id, transition, kind, step_id, request_hash, generation, revision, state, arts, det, time)
+
+    def _get(self, conn: sqlite3.Connection, case_id: str) -> CaseRecord | None:
+        row = conn.execute(
+            f"SELECT {_CASE_COLUMNS}, {_BUILT_SQL} FROM cases c WHERE c.case_id = ?", (case_id,)
+        ).fetchone()
+        return None if row is None else self._record(row)
+
+    def _confirmed(self, conn: sqlite3.Connection, case_id: str, step_id: str) -> Checkpoint | None:
+        row = conn.execute(
+            f"SELECT {_CP_COLUMNS} FROM checkpoints WHERE case_id = ? AND kind = 'complete' AND step_id = ? "
+            "ORDER BY seq DESC LIMIT 1",
+            (case_id, step_id),
+        ).fetchone()
+        return None if row is None else self._checkpoint(row)
+
+    @staticmethod
+    def _append(conn, case_id, transition, step_id, request_hash, generation, revision, state, artifacts, detail) -> Checkpoint:
+        time = _now()
+        arts = json.dumps(list(artifacts), ensure_ascii=False)
+        det = None if detail is None else json.dumps(detail, sort_keys=True, ensure_ascii=False)
+        cur = conn.execute(
+            "INSERT INTO checkpoints (case_id, transition, kind, step_id, request_hash, generation, analysis_revision, "
+            "state, artifacts, detail, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (case_id, transition, _KIND.get(transition, transition), step_id, request_hash, generation, revision, state,
+             arts, det, time),
+        )
+        return Checkpoint(cur.lastrowid, case_id, transition, _KIND.get(transition, transition), step_id, request_hash,
+                          generation, revision, state, tuple(artifacts), detail, time)
+
+    # ---------------------------------------------------------------- public API
+
+    def admit(self, case_id: str, package_id: str, analysis_revision: int, generation: int = 1) -> CaseRecord:
+        """Record a newly admitted case in VALIDATED; ``CASE_EXISTS`` if the id is taken."""
+        validate_id(case_id, "case id")
+        validate_id(package_id, "package id")
+        if not _is_int(analysis_revision) or analysis_revision < 0:
+            raise _invalid("analysis_revision must be an integer >= 0")
+        if not _is_int(generation) or generation < 1:
+            raise _invalid("generation must be an integer >= 1")
+
+        def body(conn):
+            if conn.execute("SELECT 1 FROM cases WHERE case_id = ?", (case_id,)).fetchone():
+                raise LifecycleError("CASE_EXISTS", f"case {case_id} was already admitted")
+            conn.execute(
+                "INSERT INTO cases (case_id, package_id, state, analysis_revision, generation) VALUES (?, ?, ?, ?, ?)",
+                (case_id, package_id, "VALIDATED", analysis_revision, generation),
+            )
+            self._append(conn, case_id, "admit", None, None, generation, analysis_revision, "VALIDATED", (), None)
+            return self._get(conn, case_id)
+
+        return self._write(body, f"admitting {case_id}")
+
+    def exists(self, case_id: str) -> bool:
+        """True if the case was admitted."""
+        validate_id(case_id, "case id")
+        return bool(self._read("SELECT 1 FROM cases WHERE case_id = ?", (case_id,), "reading a case"))
+
+    def get(self, case_id: str) -> CaseRecord:
+        """The case's current record; ``UNKNOWN_CASE`` if it was never admitted."""
+        validate_id(case_id, "case id")
+        rows = self._read(f"SELECT {_CASE_COLUMNS}, {_BUILT_SQL} FROM cases c WHERE c.case_id = ?", (case_id,), "reading a case")
+        if not rows:
+            raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in this workspace")
+        return self._record(rows[0])
+
+    def case_ids(self) -> list[str]:
+        """Every admitted case id, sorted."""
+        return [row[0] for row in self._read("SELECT case_id FROM cases ORDER BY case_id", (), "listing cases")]
+
+    def checkpoints(self, case_id: str) -> list[Checkpoint]:
+        """The case's log in order (empty for an unknown case)."""
+        validate_id(case_id, "case id")
+        rows = self._read(f"SELECT {_CP_COLUMNS} FROM checkpoints WHERE case_id = ? ORDER BY seq", (case_id,), "reading checkpoints")
+        return [self._checkpoint(row) for row in rows]
+
+    def confirmed(self, case_id: str, step_id: str) -> Checkpoint | None:
+        """The latest ``case_built`` (kind "complete") checkpoint of ``step_id``, or None."""
+        validate_id(case_id, "case id")
+        try:
+            return self._confirmed(self._conn, case_id, step_id)
+        except sqlite3.Error as exc:
+            raise _db_error(exc, "reading checkpoints") from None
+
+    def advance(
+        self,
+        case_id: str,
+        transition: str,
+        *,
+        expected_generation: int,
+        step_id: str | None = None,
+        request_hash: str | None = None,
+        new_generation: int | None = None,
+        artifacts: Iterable[str] = (),
+        detail: dict | None = None,
+    ) -> Checkpoint:
+        """Apply ``transition`` if the case is still at ``expected_generation``; return its checkpoint.
+
+        Checks, in order, inside one transaction: unknown case ->
+        ``UNKNOWN_CASE``; a ``case_built`` whose (step_id, request_hash) is
+        already confirmed -> that checkpoint, whatever the generation or state
+        (replay); generation moved -> ``STALE_GENERATION``; the state forbids
+        the step -> ``ILLEGAL_TRANSITION``; another case already built for this
+        revision -> ``REOPEN_REQUIRED``. A refusal changes nothing.
+
+        Arguments: ``case_built`` needs ``step_id``, ``request_hash`` and
+        ``new_generation`` >= the current one; ``intake`` needs
+        ``new_generation`` > the current one; ``reopen`` may take one;
+        ``block`` needs ``detail={"code", "route", "retry_after"}`` (code a
+        non-empty string, route a string, retry_after None, seconds >= 0 or a
+        string); other transitions keep ``detail`` as a note (e.g. who reopened
+        and why).
+        """
+        validate_id(case_id, "case id")
+        if transition not in TRANSITIONS:
+            raise _invalid(f"unknown transition {transition!r}")
+        if not _is_int(expected_generation) or expected_generation < 0:
+            raise _invalid("expected_generation must be an integer >= 0")
+        if new_generation is not None and (not _is_int(new_generation) or new_generation < 0):
+            raise _invalid("new_generation must be an integer >= 0")
+        artifacts = tuple(artifacts)
+        if not all(isinstance(a, str) for a in artifacts):
+            raise _invalid("artifacts must be strings")
+        if detail is not None:
+            if not isinstance(detail, dict):
+                raise _invalid("detail must be a JSON object")
+            try:
+                json.dumps(detail, allow_nan=False)
+            except (TypeError, ValueError):
+                raise _invalid("detail must be JSON-serialisable") from None
+        if transition == "case_built":
+            if not isinstance(step_id, str) or not step_id or not isinstance(request_hash, str) or not request_hash:
+                raise _invalid("case_built needs step_id and request_hash")
+            if new_generation is None:
+                raise _invalid("case_built needs new_generation")
+        if transition == "intake" and new_generation is None:
+            raise _invalid("intake needs new_generation")
+        if transition == "block":
+            _check_block(detail)
+
+        def body(conn):
+            rec = self._get(conn, case_id)
+            if rec is None:
+                raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in this workspace")
+            if transition == "case_built":
+                prior = self._confirmed(conn, case_id, step_id)
+                if prior is not None and prior.request_hash == request_hash:
+                    return prior  # replay of a confirmed request: nothing to do
+            if rec.generation != expected_generation:
+                raise LifecycleError(
+                    "STALE_GENERATION",
+                    f"case {case_id} is at generation {rec.generation}, not {expected_generation}",
+                )
+            state, revision, generation = rec.state, rec.analysis_revision, rec.generation
+            blocked_json, prior_state = None, None
+
+            def illegal(why: str = "") -> LifecycleError:
+                return LifecycleError(
+                    "ILLEGAL_TRANSITION", f"{transition} is not allowed from {rec.state}{why} (case {case_id})"
+                )
+
+            if transition == "start_build":
+                if state not in ("VALIDATED", "REOPENED"):
+                    raise illegal()
+                state = "BUILDING_CASE"
+            elif transition == "case_built":
+                if state != "BUILDING_CASE":
+                    raise illegal()
+                if rec.case_built:
+                    raise LifecycleError(
+                        "REOPEN_REQUIRED",
+                        f"analysis revision {revision} of case {case_id} already has a built case; reopen to change it",
+                    )
+                if new_generation < generation:
+                    raise _invalid(f"new_generation {new_generation} is older than the case's {generation}")
+                generation = new_generation
+            elif transition == "intake":
+                if state == "COMPLETED":
+                    raise illegal()
+                if new_generation <= generation:
+                    raise _invalid(f"intake needs a generation newer than {generation}")
+                generation = new_generation
+                if state == "BLOCKED":
+                    blocked_json, prior_state = json.dumps(rec.blocked, sort_keys=True), rec.blocked["prior_state"]
+            elif transition == "reopen":
+                if not (state == "COMPLETED" or (state == "BUILDING_CASE" and rec.case_built)):
+                    raise illegal("" if state != "BUILDING_CASE" else " before a case is built")
+                if new_generation is not None:
+                    if new_generation < generation:
+                        raise _invalid(f"new_generation {new_generation} is older than the case's {generation}")
+                    generation = new_generation
+                state, revision = "REOPENED", revision + 1
+            elif transition == "block":
+                if state == "BLOCKED":
+                    raise illegal()
+                prior_state, state = state, "BLOCKED"
+                blocked_json = json.dumps(
+                    {"code": detail["code"], "route": detail["route"], "retry_after": detail.get("retry_after"),
+                     "prior_state": prior_state},
+                    sort_keys=True,
+                )
+            elif transition == "resume":
+                if state != "BLOCKED":
+                    raise illegal()
+                state = rec.blocked["prior_state"]
+            elif transition == "complete":
+                if not (state == "BUILDING_CASE" and rec.case_built):
+                    raise illegal("" if state != "BUILDING_CASE" else " before a case is built")
+                state = "COMPLETED"
+
+            conn.execute(
+                "UPDATE cases SET state = ?, analysis_revision = ?, generation = ?, blocked = ?, prior_state = ? "
+                "WHERE case_id = ?",
+                (state, revision, generation, blocked_json, prior_state, case_id),
+            )
+            return self._append(conn, case_id, transition, step_id, request_hash, generation, revision, state, artifacts, detail)
+
+        return self._write(body, f"{transition} of {case_id}")
+
+
+def _check_block(detail: dict | None) -> None:
+    if detail is None:
+        raise _invalid("block needs detail={code, route, retry_after}")
+    unknown = set(detail) - {"code", "route", "retry_after", "by", "reason"}
+    if unknown:
+        raise _invalid(f"unknown block detail fields {sorted(unknown)}")
+    if not isinstance(detail.get("code"), str) or not detail["code"]:
+        raise _invalid("block needs a non-empty code")
+    if not isinstance(detail.get("route"), str):
+        raise _invalid("block needs a route string")
+    retry = detail.get("retry_after")
+    if not (retry is None or isinstance(retry, str) or (type(retry) in (int, float) and retry >= 0)):
+        raise _invalid("retry_after must be None, seconds >= 0 or a string")

@@ -1,0 +1,795 @@
+"""Package generations: immutable manifests, verified reads, and the durable PackageWriter.
+
+A package lives at ``cases/<case_id>/packages/<package_id>/`` with
+``manifests/NNNNNN.json`` (one immutable manifest per generation; the highest
+is current) and ``content/`` (the file tree the manifests describe).
+
+Storage guarantees, and their limits:
+
+* Nothing published is ever rewritten. Every file (content or manifest) is
+  written to a temp file in its final directory opened exclusively, flushed
+  and fsynced, then published with ``os.link`` -- which fails if the name
+  exists, unlike ``os.replace`` -- after which the temp name is unlinked and
+  the directory fsynced (RELIABILITY.md 36-40, borg / atomicwrites protocol).
+* Generation N+1 exists exactly when ``manifests/N+1`` was linked; two
+  writers racing for it cannot both win (the loser gets
+  ``GENERATION_CONFLICT``) and no reader ever sees a partial manifest.
+* A failed ``fsync`` is reported as ``IO_ERROR`` and never retried (after a
+  failed fsync the page cache may already have dropped the dirty pages; a
+  second fsync can "succeed" over lost data). Its temp file is removed. If the
+  failing fsync is the directory's, after the link, the new name is visible
+  but its durability is unknown: the error says so.
+* A writer killed mid-way leaves at most a temp file (``.tmp-<pid>-<hex>``),
+  removed by :meth:`PackageWriter.cleanup_orphans` at the start of a later
+  publish once that pid is gone, and possibly content files that no manifest
+  names yet. Those are harmless: a retry with the same bytes adopts them, a
+  different writer wanting other bytes at that path gets ``CONTENT_CONFLICT``.
+* Reads trust only the manifest: a path it does not name is
+  ``REFERENCE_MISSING``, bytes whose size or SHA-256 differ are
+  ``INTEGRITY_ERROR``, and every open goes through
+  :func:`~pipeline.workspace.open_nofollow`.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import hashlib
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+from typing import Callable, Mapping
+
+from .errors import CaseBuildError, IntegrityError, VianoError
+from .faults import crashpoint
+from .jsoncanon import decode_strict, pretty_bytes
+from .workspace import (
+    ID_PATTERN,
+    Workspace,
+    check_reference,
+    makedirs_nofollow,
+    open_dir_nofollow,
+    open_nofollow,
+    validate_id,
+)
+
+__all__ = [
+    "CHUNK_SIZE",
+    "MANIFEST_MAX_BYTES",
+    "MANIFEST_FORMAT",
+    "ARTIFACT_KEYS",
+    "Package",
+    "PackageWriter",
+    "write_durable",
+    "copy_durable",
+    "manifest_name",
+    "is_temp_name",
+    "check_manifest",
+]
+
+CHUNK_SIZE = 1 << 20
+MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists paths and hashes only; 64 MiB is ~300k files
+MANIFEST_FORMAT = "viano-package"
+ARTIFACT_KEYS = ("case_inputs", "case", "case_summary")
+
+_MANIFEST_RE = re.compile(r"(\d{6})\.json")
+_TEMP_RE = re.compile(r"\.tmp-(\d+)-[0-9a-f]{16}")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_MANIFEST_KEYS = frozenset(
+    {"format", "format_version", "case_id", "package_id", "package_generation", "analysis_revision", "project", "artifacts", "files"}
+)
+_PROJECT_REQUIRED = ("name", "version")
+_PROJECT_OPTIONAL = ("repository", "revision")
+
+Progress = Callable[[str, int], None]
+
+
+def manifest_name(generation: int) -> str:
+    """File name of a generation's manifest: six digits, ``000001.json``."""
+    return f"{generation:06d}.json"
+
+
+def is_temp_name(name: str) -> bool:
+    """True for names this module uses for temp files (and that cleanup may remove)."""
+    return _TEMP_RE.fullmatch(name) is not None
+
+
+def _temp_name() -> str:
+    # The pid lets cleanup tell a dead writer's leftover from a live writer's
+    # work in progress; the random part keeps threads of one process apart.
+    return f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # another thread of ours may be writing it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _io_error(what: str, exc: OSError, path: str | None) -> CaseBuildError:
+    return CaseBuildError("IO_ERROR", f"{what} failed: {os.strerror(exc.errno) if exc.errno else exc}", path=path)
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def _hash_fd(fd: int, progress: Progress | None = None, label: str = "") -> tuple[str, int]:
+    """SHA-256 and size of everything readable from ``fd``, in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    while True:
+        chunk = os.read(fd, CHUNK_SIZE)
+        if not chunk:
+            return digest.hexdigest(), size
+        digest.update(chunk)
+        size += len(chunk)
+        if progress is not None:
+            progress(label, size)
+
+
+def _open_source(source: os.PathLike | str, label: str) -> int:
+    """Open a path-valued source for streaming; it must be a regular file, not a symlink."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CaseBuildError("SOURCE_NOT_FOUND", "source file does not exist", path=label) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CaseBuildError("SOURCE_SPECIAL_FILE", "source file is a symlink", path=label) from None
+        raise _io_error("opening the source", exc, label) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CaseBuildError("SOURCE_SPECIAL_FILE", "source is not a regular file", path=label)
+    return fd
+
+
+def _hash_source(source, label: str, progress: Progress | None = None) -> tuple[str, int]:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        return hashlib.sha256(data).hexdigest(), len(data)
+    fd = _open_source(source, label)
+    try:
+        return _hash_fd(fd, progress, label)
+    finally:
+        os.close(fd)
+
+
+def _hash_existing(dir_fd: int, name: str, label: str) -> tuple[str, int] | None:
+    """Hash an existing entry ``name`` in ``dir_fd``; None if it is not a regular file."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None  # a symlink, or it vanished: either way not our identical file
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return _hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- durable write
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fill_temp(fd: int, source, label: str, progress: Progress | None) -> tuple[str, int]:
+    """Copy ``source`` into ``fd``, hashing each chunk as it passes (one read, one hash)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        _write_all(fd, data)
+        return hashlib.sha256(data).hexdigest(), len(data)
+    src = _open_source(source, label)
+    try:
+        digest = hashlib.sha256()
+        size = 0
+        while True:
+            chunk = os.read(src, CHUNK_SIZE)
+            if not chunk:
+                return digest.hexdigest(), size
+            digest.update(chunk)
+            _write_all(fd, chunk)
+            size += len(chunk)
+            if progress is not None:
+                progress(label, size)
+    finally:
+        os.close(src)
+
+
+def _link_new(
+    dir_fd: int,
+    name: str,
+    source,
+    *,
+    label: str,
+    progress: Progress | None = None,
+    crash_after_temp: str | None = None,
+    crash_after_link: str | None = None,
+) -> tuple[str, int]:
+    """Publish ``source`` as ``name`` in ``dir_fd`` by temp + fsync + link; return (sha256, size).
+
+    Raises ``FileExistsError`` (temp already removed) when ``name`` exists, so
+    the caller decides what an existing name means. Every other failure is
+    ``IO_ERROR`` (or a source error) with the temp removed.
+    """
+    temp = _temp_name()
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _io_error("creating a temp file", exc, label) from None
+    temp_present = True
+    try:
+        try:
+            try:
+                digest = _fill_temp(fd, source, label, progress)
+            except OSError as exc:
+                raise _io_error("writing", exc, label) from None
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise _io_error("fsync of the new file", exc, label) from None
+        finally:
+            os.close(fd)
+        if crash_after_temp:
+            crashpoint(crash_after_temp)
+        try:
+            os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise _io_error("linking the new file into place", exc, label) from None
+        if crash_after_link:
+            crashpoint(crash_after_link)
+        os.unlink(temp, dir_fd=dir_fd)
+        temp_present = False
+        try:
+            os.fsync(dir_fd)
+        except OSError as exc:
+            raise CaseBuildError(
+                "IO_ERROR",
+                f"fsync of the directory failed after publishing ({os.strerror(exc.errno or 0)}); "
+                "the file is visible but may not survive a power loss",
+                path=label,
+            ) from None
+        return digest
+    finally:
+        if temp_present:
+            try:
+                os.unlink(temp, dir_fd=dir_fd)
+            except OSError:
+                pass
+
+
+def _publish_content(
+    dir_fd: int, name: str, source, *, label: str, progress: Progress | None = None, known: tuple[str, int] | None = None
+) -> tuple[str, int]:
+    """Create ``name`` exclusively; an existing identical file is accepted, a different one is ``CONTENT_CONFLICT``."""
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        # Checked before writing so an adopted file (a crashed writer's, or a
+        # retry's) costs one hash of the source and no copy.
+        mine = known or _hash_source(source, label, progress)
+        if _hash_existing(dir_fd, name, label) != mine:
+            raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=label)
+        return mine
+    try:
+        return _link_new(dir_fd, name, source, label=label, progress=progress)
+    except FileExistsError:
+        # Lost a race for this path: hash our source once more only here.
+        mine = _hash_source(source, label)
+        if _hash_existing(dir_fd, name, label) != mine:
+            raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=label) from None
+        return mine
+
+
+def _single_name(name: str) -> str:
+    check_reference(name)
+    if "/" in name or is_temp_name(name):
+        raise CaseBuildError("REFERENCE_UNSAFE", "expected a single file name", path=name)
+    return name
+
+
+def write_durable(dir_path: Path | str, name: str, data: bytes) -> tuple[str, int]:
+    """Create ``dir_path/name`` holding ``data`` durably and exclusively; return (sha256, size).
+
+    Temp in the same directory opened exclusively, fsync, ``os.link`` into
+    place, unlink the temp, fsync the directory; the temp is removed on any
+    failure. An existing file with identical bytes is accepted; different
+    bytes are ``CONTENT_CONFLICT``; fsync failures are ``IO_ERROR``.
+    """
+    dir_fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _publish_content(dir_fd, _single_name(name), bytes(data), label=name)
+    finally:
+        os.close(dir_fd)
+
+
+def copy_durable(
+    dir_path: Path | str, name: str, source: os.PathLike | str, *, progress: Progress | None = None
+) -> tuple[str, int]:
+    """Like :func:`write_durable`, streaming a regular file in 1 MiB chunks and hashing as it copies."""
+    dir_fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _publish_content(dir_fd, _single_name(name), source, label=name, progress=progress)
+    finally:
+        os.close(dir_fd)
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def _problem(doc) -> tuple[str, str] | None:
+    """The first structural problem of a viano-package v1 manifest as (pointer, message), or None."""
+    if not isinstance(doc, dict):
+        return "", "manifest is not an object"
+    for key in sorted(doc):
+        if key not in _MANIFEST_KEYS:
+            return f"/{key}", "unknown field"
+    for key in sorted(_MANIFEST_KEYS - {"artifacts"}):
+        if key not in doc:
+            return "", f"missing field {key!r}"
+    if doc["format"] != MANIFEST_FORMAT or doc["format_version"] != 1 or type(doc["format_version"]) is not int:
+        return "/format", "not viano-package format_version 1"
+    for key in ("case_id", "package_id"):
+        value = doc[key]
+        if not isinstance(value, str) or ID_PATTERN.fullmatch(value) is None:
+            return f"/{key}", "not a safe id"
+    if type(doc["package_generation"]) is not int or doc["package_generation"] < 1:
+        return "/package_generation", "not a positive integer"
+    if type(doc["analysis_revision"]) is not int or doc["analysis_revision"] < 0:
+        return "/analysis_revision", "not a non-negative integer"
+    project = doc["project"]
+    if not isinstance(project, dict):
+        return "/project", "not an object"
+    for key in sorted(project):
+        if key not in _PROJECT_REQUIRED + _PROJECT_OPTIONAL:
+            return f"/project/{key}", "unknown field"
+        if not isinstance(project[key], str) or not project[key]:
+            return f"/project/{key}", "not a non-empty string"
+    for key in _PROJECT_REQUIRED:
+        if key not in project:
+            return "/project", f"missing field {key!r}"
+    files = doc["files"]
+    if not isinstance(files, dict):
+        return "/files", "not an object"
+    for path in sorted(files):
+        pointer = "/files/" + path.replace("~", "~0").replace("/", "~1")
+        try:
+            check_reference(path)
+        except VianoError:
+            return pointer, "unsafe content path"
+        entry = files[path]
+        if not isinstance(entry, dict) or set(entry) != {"sha256", "size"}:
+            return pointer, "entry must have exactly sha256 and size"
+        if not isinstance(entry["sha256"], str) or _SHA256_RE.fullmatch(entry["sha256"]) is None:
+            return pointer + "/sha256", "not a lower-case SHA-256 hex digest"
+        if type(entry["size"]) is not int or entry["size"] < 0:
+            return pointer + "/size", "not a non-negative integer"
+    artifacts = doc.get("artifacts", {})
+    if not isinstance(artifacts, dict):
+        return "/artifacts", "not an object"
+    for key in sorted(artifacts):
+        if key not in ARTIFACT_KEYS:
+            return f"/artifacts/{key}", "unknown artifact"
+        if not isinstance(artifacts[key], str) or artifacts[key] not in files:
+            return f"/artifacts/{key}", "artifact pointer names no file of the manifest"
+    return None
+
+
+def _schema_check(doc: dict, label: str) -> None:
+    """Validate against contracts' package-manifest schema, when contracts/ provides it."""
+    try:
+        import contracts  # lazily: contracts/ is optional for this module's own checks
+    except ImportError:
+        return
+    validate = getattr(contracts, "validate", None)
+    if validate is None:
+        return
+    try:
+        validate("package-manifest", doc, path=label)
+    except KeyError:
+        return  # that schema is not registered (yet); the structural check stands
+    except VianoError as exc:
+        if exc.code in ("SCHEMA_VIOLATION", "UNSUPPORTED_VERSION"):
+            raise IntegrityError(
+                "INTEGRITY_ERROR", f"stored manifest violates its contract: {exc.message}", path=label, pointer=exc.pointer
+            ) from None
+        raise
+
+
+def check_manifest(doc, *, label: str = "manifest", code: str = "INTEGRITY_ERROR") -> dict:
+    """Return ``doc`` if it is a structurally valid viano-package v1 manifest, else raise ``code``."""
+    found = _problem(doc)
+    if found is not None:
+        pointer, message = found
+        cls = IntegrityError if code == "INTEGRITY_ERROR" else CaseBuildError
+        raise cls(code, f"manifest is invalid: {message}", path=label, pointer=pointer)
+    return doc
+
+
+class Package:
+    """Read access to one package: its generations, manifests and verified content.
+
+    Manifests are immutable once linked, so parsed ones are cached per
+    instance; callers get deep copies and cannot disturb the cache.
+    """
+
+    def __init__(self, workspace: Workspace, case_id: str, package_id: str) -> None:
+        self.workspace = workspace
+        self.case_id = validate_id(case_id, "case id")
+        self.package_id = validate_id(package_id, "package id")
+        self.dir = workspace.package_dir(case_id, package_id)
+        self._cache: dict[int, dict] = {}
+
+    @classmethod
+    def at(cls, directory: Path | str, case_id: str, package_id: str) -> "Package":
+        """A package rooted at an explicit directory (e.g. an admission staging tree)."""
+        pkg = cls.__new__(cls)
+        pkg.workspace = None
+        pkg.case_id = validate_id(case_id, "case id")
+        pkg.package_id = validate_id(package_id, "package id")
+        pkg.dir = Path(os.path.abspath(os.fspath(directory)))
+        pkg._cache = {}
+        return pkg
+
+    @property
+    def manifests_dir(self) -> Path:
+        return self.dir / "manifests"
+
+    @property
+    def content_dir(self) -> Path:
+        return self.dir / "content"
+
+    def current_generation(self) -> int:
+        """The highest manifest generation, 0 if there is none; a gap is ``INTEGRITY_ERROR``."""
+        try:
+            names = os.listdir(self.manifests_dir)
+        except FileNotFoundError:
+            return 0
+        numbers = sorted(int(m.group(1)) for m in map(_MANIFEST_RE.fullmatch, names) if m)
+        if numbers != list(range(1, len(numbers) + 1)):
+            raise IntegrityError(
+                "INTEGRITY_ERROR", f"manifest generations are not contiguous from 1: {numbers[:10]}", path="manifests"
+            )
+        return len(numbers)
+
+    def manifest(self, generation: int | None = None) -> dict:
+        """The manifest of ``generation`` (default: current), strictly decoded and checked.
+
+        Absent -> ``MANIFEST_MISSING``; truncated, corrupt, or not matching its
+        own file name and package -> ``INTEGRITY_ERROR`` (never a silent reset
+        to an older generation).
+        """
+        if generation is None:
+            generation = self.current_generation()
+        if type(generation) is not int or generation < 1:
+            raise CaseBuildError("MANIFEST_MISSING", f"package {self.package_id} has no generation {generation}")
+        cached = self._cache.get(generation)
+        if cached is None:
+            cached = self._load(generation)
+            self._cache[generation] = cached
+        return copy.deepcopy(cached)
+
+    def _load(self, generation: int) -> dict:
+        name = manifest_name(generation)
+        label = f"manifests/{name}"
+        try:
+            fd = open_nofollow(self.manifests_dir, name)
+        except VianoError as exc:
+            if exc.code == "REFERENCE_MISSING":
+                raise CaseBuildError("MANIFEST_MISSING", f"package has no generation {generation}", path=label) from None
+            raise IntegrityError("INTEGRITY_ERROR", f"manifest is not a plain file: {exc.message}", path=label) from None
+        try:
+            data = _read_fd(fd, MANIFEST_MAX_BYTES, label, IntegrityError)
+        finally:
+            os.close(fd)
+        try:
+            doc = decode_strict(data, max_bytes=MANIFEST_MAX_BYTES, path=label, error=IntegrityError)
+        except VianoError as exc:
+            raise IntegrityError(
+                "INTEGRITY_ERROR", f"stored manifest is corrupt or truncated ({exc.code}: {exc.message})", path=label,
+                pointer=exc.pointer,
+            ) from None
+        check_manifest(doc, label=label)
+        _schema_check(doc, label)
+        mismatch = [
+            key
+            for key, want in (("package_generation", generation), ("case_id", self.case_id), ("package_id", self.package_id))
+            if doc[key] != want
+        ]
+        if mismatch:
+            raise IntegrityError("INTEGRITY_ERROR", f"manifest does not belong here: {', '.join(mismatch)} differ", path=label)
+        return doc
+
+    def _entry(self, relpath: str, manifest: dict | None) -> tuple[dict, dict]:
+        check_reference(relpath)
+        manifest = manifest if manifest is not None else self.manifest()
+        entry = manifest["files"].get(relpath)
+        if entry is None:
+            raise CaseBuildError("REFERENCE_MISSING", "the manifest does not list this path", path=relpath)
+        return manifest, entry
+
+    def _open_content(self, relpath: str) -> int:
+        fd = open_nofollow(self.content_dir, relpath)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CaseBuildError("REFERENCE_UNSAFE", "content path is not a regular file", path=relpath)
+        return fd
+
+    def read_verified(self, relpath: str, limit: int, *, manifest: dict | None = None) -> bytes:
+        """The bytes of ``relpath`` if the manifest lists it and they match its size and SHA-256.
+
+        Not listed -> ``REFERENCE_MISSING``; listed size over ``limit`` ->
+        ``LIMIT_EXCEEDED`` before reading; a symlink on the way ->
+        ``REFERENCE_UNSAFE``; different bytes -> ``INTEGRITY_ERROR``. No
+        case-insensitive or normalising fallback.
+        """
+        _, entry = self._entry(relpath, manifest)
+        if entry["size"] > limit:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"{entry['size']} bytes, limit {limit}", path=relpath)
+        fd = self._open_content(relpath)
+        try:
+            data = _read_fd(fd, entry["size"], relpath, IntegrityError, code="INTEGRITY_ERROR")
+        finally:
+            os.close(fd)
+        if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise IntegrityError("INTEGRITY_ERROR", "content does not match the manifest's size and SHA-256", path=relpath)
+        return data
+
+    def verify_file(self, relpath: str, *, manifest: dict | None = None, progress: Progress | None = None) -> tuple[str, int]:
+        """Stream ``relpath`` in 1 MiB chunks and return its (sha256, size) if they match the manifest."""
+        _, entry = self._entry(relpath, manifest)
+        fd = self._open_content(relpath)
+        try:
+            found = _hash_fd(fd, progress, relpath)
+        finally:
+            os.close(fd)
+        if found != (entry["sha256"], entry["size"]):
+            raise IntegrityError("INTEGRITY_ERROR", "content does not match the manifest's size and SHA-256", path=relpath)
+        return found
+
+
+def _read_fd(fd: int, limit: int, label: str, cls: type[VianoError], code: str = "INTEGRITY_ERROR") -> bytes:
+    """Read at most ``limit`` bytes; more is ``code`` (the file grew or lies about its size)."""
+    chunks = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, CHUNK_SIZE))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise cls(code, f"more than {limit} bytes", path=label)
+    return data
+
+
+# --------------------------------------------------------------------------- writer
+
+
+class PackageWriter:
+    """Publishes new content plus manifest N+1 for one package (see the module docstring)."""
+
+    def __init__(self, package: Package) -> None:
+        self.package = package
+
+    def cleanup_orphans(self) -> list[str]:
+        """Remove temp files left by writers that died; return their package-relative paths.
+
+        A temp is an orphan when the pid in its name is no longer running. A
+        live writer's temp is never touched (pid reuse can at worst keep an
+        orphan a little longer, never delete live work).
+        """
+        removed = []
+        for top in (self.package.manifests_dir, self.package.content_dir):
+            for dirpath, _dirs, names in os.walk(top):
+                for name in names:
+                    m = _TEMP_RE.fullmatch(name)
+                    if m and not _pid_alive(int(m.group(1))):
+                        try:
+                            os.unlink(os.path.join(dirpath, name))
+                        except FileNotFoundError:
+                            continue  # another cleaner got there first
+                        removed.append(os.path.relpath(os.path.join(dirpath, name), self.package.dir))
+        return sorted(removed)
+
+    def publish(
+        self,
+        expected_generation: int,
+        files: Mapping[str, "bytes | os.PathLike[str]"],
+        *,
+        artifacts: Mapping[str, str | None] | None = None,
+        analysis_revision: int | None = None,
+        project: Mapping[str, str] | None = None,
+        accept_identical: bool = False,
+        progress: Progress | None = None,
+    ) -> dict:
+        """Publish ``files`` and manifest ``expected_generation + 1``; return the new manifest.
+
+        ``expected_generation`` must be the current generation, else
+        ``GENERATION_CONFLICT`` before anything is written. Generation 1 is
+        created with ``expected_generation=0``, which also needs ``project``
+        and ``analysis_revision``. ``artifacts`` updates the pointers (``None``
+        removes one); each must name a file of the new manifest.
+        ``analysis_revision`` never decreases.
+
+        If another writer already published ``expected_generation + 1`` the
+        result is ``GENERATION_CONFLICT`` naming the current generation --
+        unless ``accept_identical`` is true and that generation is exactly the
+        manifest this call would have written (the retry of a publish whose
+        writer died after the link): then it is returned and nothing is written.
+        """
+        pkg = self.package
+        if type(expected_generation) is not int or expected_generation < 0:
+            raise CaseBuildError("INVALID_ARGUMENT", f"expected_generation must be an integer >= 0, not {expected_generation!r}")
+        entries = sorted(files.items())
+        for relpath, source in entries:
+            check_reference(relpath)
+            if any(is_temp_name(part) for part in relpath.split("/")):
+                raise CaseBuildError("REFERENCE_UNSAFE", "content names of the form .tmp-<pid>-<hex> are reserved", path=relpath)
+            if not isinstance(source, (bytes, bytearray, memoryview, os.PathLike, str)):
+                raise CaseBuildError("INVALID_ARGUMENT", "a file must be bytes or a path", path=relpath)
+        if expected_generation == 0:
+            pkg.manifests_dir.mkdir(parents=True, exist_ok=True)
+            pkg.content_dir.mkdir(parents=True, exist_ok=True)
+        elif project is not None:
+            raise CaseBuildError("INVALID_ARGUMENT", "project is set at generation 1 only and carried over after")
+
+        self.cleanup_orphans()
+        current = pkg.current_generation()
+        if current != expected_generation:
+            return self._conflict(expected_generation, current, entries, artifacts, analysis_revision, project, accept_identical)
+        base = self._base(expected_generation, analysis_revision, project)
+        if analysis_revision is not None and analysis_revision < base["analysis_revision"]:
+            raise CaseBuildError("INVALID_ARGUMENT", "analysis_revision cannot decrease")
+
+        hashes = self._write_content(base, entries, progress)
+        crashpoint("publish:after-content")
+        manifest = self._next_manifest(base, hashes, artifacts, analysis_revision)
+        data = pretty_bytes(manifest)
+        name = manifest_name(manifest["package_generation"])
+        dir_fd = open_dir_nofollow(pkg.manifests_dir)
+        try:
+            _link_new(
+                dir_fd,
+                name,
+                data,
+                label=f"manifests/{name}",
+                crash_after_temp="publish:after-manifest-temp",
+                crash_after_link="publish:after-manifest-link",
+            )
+        except FileExistsError:
+            existing = self._identical_or_none(expected_generation + 1, manifest)
+            if accept_identical and existing is not None:
+                return existing
+            raise CaseBuildError(
+                "GENERATION_CONFLICT",
+                f"another writer published generation {expected_generation + 1} first"
+                + (" (with identical content)" if existing is not None else ""),
+                path=f"manifests/{name}",
+            ) from None
+        finally:
+            os.close(dir_fd)
+        pkg._cache[manifest["package_generation"]] = copy.deepcopy(manifest)
+        return manifest
+
+    # -- helpers
+
+    def _base(self, generation: int, analysis_revision: int | None, project) -> dict:
+        if generation:
+            return self.package.manifest(generation)
+        if project is None or analysis_revision is None:
+            raise CaseBuildError("INVALID_ARGUMENT", "generation 1 needs project and analysis_revision")
+        return {
+            "format": MANIFEST_FORMAT,
+            "format_version": 1,
+            "case_id": self.package.case_id,
+            "package_id": self.package.package_id,
+            "package_generation": 0,
+            "analysis_revision": analysis_revision,
+            "project": dict(project),
+            "artifacts": {},
+            "files": {},
+        }
+
+    def _write_content(self, base: dict, entries, progress: Progress | None) -> dict[str, tuple[str, int]]:
+        """Create every new content file exclusively; return path -> (sha256, size)."""
+        hashes: dict[str, tuple[str, int]] = {}
+        content_fd = open_dir_nofollow(self.package.content_dir)
+        try:
+            for relpath, source in entries:
+                known = base["files"].get(relpath)
+                if known is not None:
+                    # Already published: only identical bytes are acceptable.
+                    mine = _hash_source(source, relpath, progress)
+                    if mine != (known["sha256"], known["size"]):
+                        raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=relpath)
+                    hashes[relpath] = mine
+                    continue
+                parent, _, name = relpath.rpartition("/")
+                if parent:
+                    dir_fd, created_in = makedirs_nofollow(content_fd, parent)
+                else:
+                    dir_fd, created_in = os.dup(content_fd), []
+                try:
+                    hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress)
+                    for fd in created_in:  # make the new directory entries durable too
+                        try:
+                            os.fsync(fd)
+                        except OSError as exc:
+                            raise _io_error("fsync of a new directory's parent", exc, relpath) from None
+                finally:
+                    os.close(dir_fd)
+                    for fd in created_in:
+                        os.close(fd)
+        finally:
+            os.close(content_fd)
+        return hashes
+
+    def _next_manifest(self, base: dict, hashes, artifacts, analysis_revision) -> dict:
+        manifest = copy.deepcopy(base)
+        manifest["package_generation"] = base["package_generation"] + 1
+        if analysis_revision is not None:
+            manifest["analysis_revision"] = analysis_revision
+        for relpath, (sha, size) in hashes.items():
+            manifest["files"][relpath] = {"sha256": sha, "size": size}
+        pointers = dict(manifest.get("artifacts", {}))
+        for key, value in (artifacts or {}).items():
+            if key not in ARTIFACT_KEYS:
+                raise CaseBuildError("INVALID_ARGUMENT", f"unknown artifact {key!r}")
+            if value is None:
+                pointers.pop(key, None)
+            elif value not in manifest["files"]:
+                raise CaseBuildError("REFERENCE_MISSING", f"artifact {key} names no file of the package", path=str(value))
+            else:
+                pointers[key] = value
+        manifest["artifacts"] = pointers
+        return check_manifest(manifest, label="new manifest", code="MANIFEST_INVALID")
+
+    def _identical_or_none(self, generation: int, candidate: dict) -> dict | None:
+        try:
+            existing = self.package.manifest(generation)
+        except VianoError:
+            return None
+        return existing if existing == candidate else None
+
+    def _conflict(self, expected, current, entries, artifacts, analysis_revision, project, accept_identical) -> dict:
+        """``expected`` is not current: adopt an identical ``expected + 1`` if asked, else refuse."""
+        if accept_identical and 0 <= expected < current:
+            try:
+                base = self._base(expected, analysis_revision, project)
+                hashes = {path: _hash_source(src, path) for path, src in entries}
+                for path, mine in hashes.items():
+                    known = base["files"].get(path)
+                    if known is not None and mine != (known["sha256"], known["size"]):
+                        hashes = None
+                        break
+                if hashes is not None:
+                    candidate = self._next_manifest(base, hashes, artifacts, analysis_revision)
+                    existing = self._identical_or_none(expected + 1, candidate)
+                    if existing is not None:
+                        return existing
+            except VianoError:
+                pass  # cannot be identical; report the conflict itself
+        raise CaseBuildError(
+            "GENERATION_CONFLICT",
+            f"expected generation {expected} but the package is at generation {current}",
+            path="manifests",
+        )

@@ -1,0 +1,262 @@
+"""The build plan: which inputs a build reads, in which roles, under which hash.
+
+:func:`make_plan` is the ``validate_index`` step. It looks only at the
+snapshot generation the CheckpointStore has taken in, reads every case-inputs
+index the package has had (generation order), checks every reference, applies
+the size/count limits from manifest sizes before anything is parsed, and
+derives the request hash and step id (ARCHITECTURE.md section 5). The result
+is plain JSON so it can be cached and handed to the other tasks.
+
+Inventory rule (decided here, documented in the README): the effective role
+inventory is the ordered union of the prior case's role inventory and the
+roles of every index in generation order; a path counts at its first
+appearance. A returning index may therefore list only new documents; earlier
+ones are inherited, hash-checked against the manifest and re-read from their
+immutable originals.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import BUILDER_VERSION
+from .errors import CaseBuildError
+from .jsoncanon import canonical_hash
+from .limits import CaseBuilderLimits
+
+__all__ = [
+    "CONTEXT_ROLES",
+    "GENERATED_RE",
+    "make_plan",
+    "step_id_for",
+    "case_paths_for",
+    "is_generated",
+    "plan_from_manifests",
+]
+
+CONTEXT_ROLES = ("runtime", "database", "source", "research")
+_DOCUMENT_ROLES = (("reports", "bug-report"), ("reproductions", "reproduction"))
+#: Outputs the builder itself publishes; never payload, never in a request hash.
+GENERATED_RE = re.compile(r"^case/revisions/[0-9]{4}/(case\.json|case_summary\.md|case-built\.json)$")
+
+
+def is_generated(path: str) -> bool:
+    return GENERATED_RE.match(path) is not None
+
+
+def step_id_for(analysis_revision: int) -> str:
+    return f"case-build/v{BUILDER_VERSION}/r{analysis_revision}"
+
+
+def case_paths_for(analysis_revision: int) -> dict:
+    base = f"case/revisions/{analysis_revision:04d}"
+    return {
+        "case": f"{base}/case.json",
+        "case_summary": f"{base}/case_summary.md",
+        "case_built": f"{base}/case-built.json",
+    }
+
+
+def _ref(path: str, files: dict) -> dict:
+    entry = files[path]
+    return {"path": path, "sha256": entry["sha256"], "size": entry["size"]}
+
+
+def _check_listed(ref, files: dict, index_path: str, pointer: str) -> str:
+    from .workspace import check_reference
+
+    try:
+        check_reference(ref)
+    except CaseBuildError as exc:
+        raise CaseBuildError(exc.code, exc.message, path=index_path, pointer=pointer) from None
+    except Exception as exc:  # a VianoError subclass of another family
+        code = getattr(exc, "code", "REFERENCE_UNSAFE")
+        raise CaseBuildError(code, f"unsafe reference {ref!r}", path=index_path, pointer=pointer) from None
+    if ref not in files:
+        raise CaseBuildError("REFERENCE_MISSING", f"{ref!r} is not in the package manifest", path=index_path, pointer=pointer)
+    if is_generated(ref):
+        raise CaseBuildError("REFERENCE_UNSAFE", f"{ref!r} is a generated case output", path=index_path, pointer=pointer)
+    return ref
+
+
+def _index_roles(index: dict) -> list[tuple[str, str, list]]:
+    """(role, pointer prefix, listed paths) for every role of one index."""
+    roles = [
+        ("reports", "/reports", index.get("reports", [])),
+        ("reproductions", "/reproductions", index.get("reproductions", [])),
+        ("expected_research", "/expected_research", index.get("expected_research", [])),
+    ]
+    context = index.get("context", {})
+    for name in CONTEXT_ROLES:
+        roles.append((f"context.{name}", f"/context/{name}", context.get(name, [])))
+    roles.append(("attachments", "/attachments", index.get("attachments", [])))
+    return roles
+
+
+def plan_from_manifests(
+    *,
+    manifests: list[dict],
+    indexes: dict[str, dict],
+    prior_case: dict | None,
+    limits: CaseBuilderLimits,
+) -> dict:
+    """Pure part of planning: from the manifests 1..g (ascending), the parsed
+    indexes by path, and the prior case (``{"ref": REF, "document": case}``)."""
+    snapshot = manifests[-1]
+    files = snapshot["files"]
+    revision = snapshot["analysis_revision"]
+
+    history: list[str] = []
+    for manifest in manifests:
+        path = manifest.get("artifacts", {}).get("case_inputs")
+        if path and path not in history:
+            history.append(path)
+
+    role_of: dict[str, str] = {}
+    ordered: dict[str, list[str]] = {}
+
+    def take(role: str, path: str, where: str, pointer: str) -> None:
+        previous = role_of.get(path)
+        if previous is not None and previous != role:
+            raise CaseBuildError(
+                "DUPLICATE_SOURCE", f"{path!r} is listed as {previous} and as {role}", path=where, pointer=pointer
+            )
+        if previous is None:
+            role_of[path] = role
+            ordered.setdefault(role, []).append(path)
+
+    if prior_case is not None:
+        inputs = prior_case["document"].get("inputs", {})
+        prior_path = prior_case["ref"]["path"]
+        inherited = [
+            ("reports", inputs.get("reports", [])),
+            ("reproductions", inputs.get("reproductions", [])),
+            ("expected_research", inputs.get("expected_research", [])),
+            ("attachments", inputs.get("attachments", [])),
+            ("context.runtime", prior_case["document"].get("runtime_facts", {}).get("context", [])),
+            ("context.database", prior_case["document"].get("database_context", [])),
+            ("context.source", prior_case["document"].get("source_context", [])),
+            ("context.research", prior_case["document"].get("research", {}).get("supplied", [])),
+        ]
+        for role, refs in inherited:
+            for position, ref in enumerate(refs):
+                path = ref["path"]
+                entry = files.get(path)
+                if entry is None or entry["sha256"] != ref["sha256"] or entry["size"] != ref["size"]:
+                    raise CaseBuildError(
+                        "INTEGRITY_ERROR",
+                        f"inherited input {path!r} no longer matches the prior case inventory",
+                        path=prior_path,
+                    )
+                take(role, path, prior_path, "")
+
+    for index_path in history:
+        index = indexes[index_path]
+        for role, prefix, listed in _index_roles(index):
+            seen: set[str] = set()
+            for position, ref in enumerate(listed):
+                pointer = f"{prefix}/{position}"
+                if ref in seen:
+                    raise CaseBuildError(
+                        "DUPLICATE_SOURCE", f"{ref!r} is listed twice in {role}", path=index_path, pointer=pointer
+                    )
+                seen.add(ref)
+                _check_listed(ref, files, index_path, pointer)
+                take(role, ref, index_path, pointer)
+
+    documents = []
+    seq = 0
+    structured_bytes = sum(files[p]["size"] for p in history)
+    for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result")):
+        for path in ordered.get(role, []):
+            documents.append({**_ref(path, files), "role": role, "contract": contract, "seq": seq})
+            seq += 1
+    # Research results carry a sibling request.json that must be read and checked too.
+    for doc in [d for d in documents if d["role"] == "expected_research"]:
+        sibling = doc["path"].rsplit("/", 1)[0] + "/request.json" if "/" in doc["path"] else "request.json"
+        if sibling not in files:
+            raise CaseBuildError(
+                "RESEARCH_INVALID", "research result has no sibling request.json", path=doc["path"]
+            )
+        if sibling not in role_of:
+            documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq})
+            seq += 1
+
+    for path in history:
+        if files[path]["size"] > limits.document_bytes:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"index is {files[path]['size']} bytes, limit {limits.document_bytes}", path=path)
+    for doc in documents:
+        if doc["size"] > limits.document_bytes:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
+        structured_bytes += doc["size"]
+    if len(documents) + len(history) > limits.documents:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{len(documents) + len(history)} structured documents, limit {limits.documents}")
+    if structured_bytes > limits.aggregate_bytes:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}")
+
+    structured = set(history) | {d["path"] for d in documents}
+    payload = sorted(p for p in files if not is_generated(p))
+    opaque = [_ref(p, files) for p in payload if p not in structured]
+
+    roles_hashed = {
+        "index": [[p, files[p]["sha256"]] for p in history],
+        **{
+            role: [[p, files[p]["sha256"]] for p in paths]
+            for role, paths in sorted(ordered.items())
+        },
+    }
+    unclassified_hashed = [[p, files[p]["sha256"]] for p in payload if p not in role_of and p not in history]
+    request_hash = canonical_hash(
+        {
+            "builder_version": BUILDER_VERSION,
+            "analysis_revision": revision,
+            "roles": roles_hashed,
+            "unclassified": unclassified_hashed,
+        }
+    )
+
+    return {
+        "builder_version": BUILDER_VERSION,
+        "case_id": snapshot["case_id"],
+        "package_id": snapshot["package_id"],
+        "analysis_revision": revision,
+        "snapshot_generation": snapshot["package_generation"],
+        "project": snapshot["project"],
+        "step_id": step_id_for(revision),
+        "outputs": case_paths_for(revision),
+        "request_hash": request_hash,
+        "index": _ref(history[-1], files) if history else None,
+        "index_history": [_ref(p, files) for p in history],
+        "roles": {role: [_ref(p, files) for p in paths] for role, paths in sorted(ordered.items())},
+        "documents": documents,
+        "opaque": opaque,
+        "files": {p: files[p] for p in payload},
+        "prior_case": prior_case["ref"] if prior_case else None,
+        "limits": limits.to_dict(),
+    }
+
+
+def make_plan(package, snapshot_generation: int, limits: CaseBuilderLimits, *, read_index, read_prior_case) -> dict:
+    """I/O edge of planning: load manifests 1..g, every index, the prior case.
+
+    ``read_index(path, manifest) -> dict`` and ``read_prior_case(ref, manifest)
+    -> dict`` read, verify and validate one document each.
+    """
+    manifests = [package.manifest(g) for g in range(1, snapshot_generation + 1)]
+    snapshot = manifests[-1]
+    indexes: dict[str, dict] = {}
+    for manifest in manifests:
+        path = manifest.get("artifacts", {}).get("case_inputs")
+        if path and path not in indexes:
+            if path not in snapshot["files"]:
+                raise CaseBuildError("REFERENCE_MISSING", "the manifest's case_inputs is not in the package", path=path)
+            indexes[path] = read_index(path, snapshot)
+    prior = None
+    prior_path = snapshot.get("artifacts", {}).get("case")
+    if prior_path:
+        match = GENERATED_RE.match(prior_path)
+        prior_revision = int(prior_path.split("/")[2]) if match else None
+        if prior_revision is not None and prior_revision < snapshot["analysis_revision"]:
+            ref = _ref(prior_path, snapshot["files"])
+            prior = {"ref": ref, "document": read_prior_case(ref, snapshot)}
+    return plan_from_manifests(manifests=manifests, indexes=indexes, prior_case=prior, limits=limits)

@@ -1,0 +1,62 @@
+"""The build outlook shown by ``doit status``: which tasks would run, and why.
+
+It mirrors the up-to-date rules the doit tasks use (content-addressed cache
+records, the request hash, the confirmed checkpoint) without running or
+changing anything: planning here records no start checkpoint.
+"""
+
+from __future__ import annotations
+
+from .cache import BuildCache
+from .errors import VianoError
+from .limits import CaseBuilderLimits
+from .plan import make_plan
+
+__all__ = ["build_outlook"]
+
+
+def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
+    from .build import document_readers, open_existing_store
+
+    limits = CaseBuilderLimits()
+    rows = [("validate_index", "always runs (takes in new generations, re-checks every index)")]
+    if record.state == "BLOCKED":
+        rows.append(("build", "would fail: ILLEGAL_TRANSITION (the case is BLOCKED)"))
+        return rows
+    read_index, read_prior_case = document_readers(package, limits)
+    try:
+        plan = make_plan(package, record.generation, limits, read_index=read_index, read_prior_case=read_prior_case)
+    except VianoError as error:
+        rows.append(("validate_index", f"would fail: {error}"))
+        return rows
+    cache = BuildCache(ws.cache_dir(case_id))
+    for doc in plan["documents"]:
+        cached = cache.document(doc["sha256"], doc["contract"]).exists()
+        rows.append((f"read_input:{doc['path']}", "up to date" if cached else "would run: not read yet (new input, or the cache was cleared)"))
+    for ref in plan["opaque"]:
+        cached = cache.opaque(ref["sha256"], ref["size"]).exists()
+        rows.append((f"hash_context:{ref['path']}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))
+    try:
+        cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None
+    except (OSError, VianoError):
+        cached_plan = None
+    same_inputs = cached_plan is not None and cached_plan.get("request_hash") == plan["request_hash"]
+    for task, target in (("assemble", cache.case_json), ("render", cache.summary)):
+        if not target.exists():
+            rows.append((task, "would run: no cached output"))
+        elif not same_inputs:
+            rows.append((task, "would run: inputs changed since the last build"))
+        else:
+            rows.append((task, "up to date"))
+    store = open_existing_store(ws, case_id)
+    try:
+        confirmed = store.confirmed(case_id, plan["step_id"])
+    finally:
+        store.close()
+    if confirmed is None:
+        rows.append(("publish", f"would run: no confirmed case for {plan['step_id']}"))
+    elif confirmed.request_hash == plan["request_hash"]:
+        rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
+    else:
+        rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
+    return rows

@@ -1,0 +1,440 @@
+"""The independent, stateless task verifier (ARCHITECTURE.md section 9).
+
+A verification request names a task response and a rubric; the verifier says
+whether the response satisfies it, with a quality score and an evidence digest
+anyone can recompute. Nothing is stored and nothing is called: the same request
+bytes always give the same response bytes (:func:`verify_request`).
+
+Modes
+-----
+``EXACT_TEXT``
+    ``response_text`` and ``expected_text`` are equal after stripping leading
+    and trailing whitespace (``str.strip``: Unicode whitespace).
+``JSON_FIELD_EQUALS``
+    ``response_text`` must be a strict JSON *object* (duplicate keys, NaN,
+    integers beyond +/-(2^53-1), nesting over 64 levels all make it "not
+    JSON"); ``field_path`` is a literal top-level key, or an RFC 6901 pointer
+    when it starts with ``/`` (array indices are ASCII digits without leading
+    zeros; ``-`` never resolves). When ``expected_text`` is itself strict JSON
+    the field matches if both canonical forms are equal (so ``42``, ``42.0``
+    and `` 42 `` agree, and ``"42"`` does not equal ``42``); otherwise the field
+    must be a JSON string equal to the stripped ``expected_text`` (the field's
+    own value is compared as is, never trimmed). A response that is not a
+    strict JSON object, or lacks the field, is UNSUPPORTED -- never an error.
+
+Quality is ``minimum_quality_millis`` when SUPPORTED and ``0`` otherwise. The
+evidence is ``verification:`` + SHA-256 hex of the canonical JSON of the
+object ``{verifier, case_id, evidence_artifact_ref, mode, field_path,
+matched}``; canonical JSON frames every field, so no two distinct tuples can
+share a preimage (unlike joining the fields with a separator).
+
+Request rules (all answered with ``INVALID_VERIFICATION_REQUEST``, HTTP 400):
+the body is at most 64 KiB, strict UTF-8 JSON (no duplicate keys, NaN,
+BOM...), conforms to ``contracts/verification-request-v1.schema.json``: no
+unknown fields at any level; ``case_id``, ``response_text``,
+``evidence_artifact_ref`` and ``expected_text`` not blank (empty or whitespace
+only); ``latency_micros`` an integer >= 0; ``minimum_quality_millis`` an
+integer 0-1000; ``mode`` one of the two modes; ``field_path`` required and
+non-blank for ``JSON_FIELD_EQUALS``, absent or ``""`` for ``EXACT_TEXT`` (a
+path there would be silently meaningless, so it is refused); a ``field_path``
+starting with ``/`` must be a syntactically valid pointer (``~`` only as
+``~0``/``~1``).
+
+Server choice
+-------------
+``serve`` runs the WSGI app under **waitress** (a pure-Python, dependency-free
+production WSGI server) rather than the stdlib: ``wsgiref`` is single-threaded,
+speaks HTTP/1.0 without keep-alive and hands chunked bodies to the app
+undecoded, so a "bounded threaded stdlib server" would mean writing our own
+HTTP/1.1 framing. waitress gives a fixed worker pool (``threads``), a
+connection cap, idle-channel timeouts (slow clients cannot pin workers),
+header-size limits, chunked decoding, and its own body backstop
+(:data:`SERVER_BODY_BACKSTOP`, 1 MiB: past it waitress answers 413 before the
+app runs and never buffers more). Below that backstop the *app* enforces the
+64 KiB contract itself while reading ``wsgi.input`` in 16 KiB chunks, stopping
+at 64 KiB + 1 bytes, and answers 400 with the JSON error body -- the app does
+not trust ``Content-Length`` to be honest or present, so it is equally safe
+under any WSGI server that terminates ``wsgi.input``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from contracts.verifier_structs import (
+    EXACT_TEXT,
+    JSON_FIELD_EQUALS,
+    SUPPORTED,
+    UNSUPPORTED,
+    VerificationRequest,
+    VerificationResponse,
+)
+
+from .errors import VerificationError, VianoError, one_line
+from .jsoncanon import canonical_bytes, decode_strict, json_pointer, sha256_hex
+
+__all__ = [
+    "VERIFIER_IDENTITY",
+    "MAX_REQUEST_BYTES",
+    "SERVER_BODY_BACKSTOP",
+    "VERIFY_PATH",
+    "INVALID_MESSAGE",
+    "parse_request",
+    "evaluate",
+    "verification_evidence",
+    "verify_request",
+    "read_body",
+    "application",
+    "check_file",
+    "create_server",
+    "serve",
+    "main",
+]
+
+#: Identity folded into every evidence digest; bump when matching semantics change.
+VERIFIER_IDENTITY = "viano-verifier/1"
+#: The contract's request-body limit, enforced while reading.
+MAX_REQUEST_BYTES = 64 * 1024
+#: waitress's own limit (413 past it). Larger than the contract on purpose so
+#: that every contract violation up to here gets the JSON 400 from the app.
+SERVER_BODY_BACKSTOP = 1024 * 1024
+VERIFY_PATH = "/v1/task-evaluations/verify"
+INVALID_MESSAGE = "invalid task verification request"
+_CODE = "INVALID_VERIFICATION_REQUEST"
+_READ_CHUNK = 16 * 1024
+_REQUEST_SCHEMA = "verification-request"
+_POINTER_RE = re.compile(r"^(/([^~/]|~[01])*)+$")
+_ARRAY_INDEX_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _validator():
+    """The shared, retrieval-free Draft 2020-12 validator of the request contract.
+
+    ``contracts`` counts only real JSON integers as ``integer``: ``1.0`` for
+    ``latency_micros`` is refused, as msgspec would refuse it.
+    """
+    import contracts
+
+    return contracts.validator(_REQUEST_SCHEMA)
+
+
+def _invalid(detail: str, pointer: str | None = None) -> VerificationError:
+    return VerificationError(_CODE, f"{INVALID_MESSAGE}: {detail}", pointer=pointer)
+
+
+def _describe(error) -> str:
+    """A fixed, schema-derived message: never echoes the (untrusted) instance value."""
+    keyword = error.validator
+    value = error.validator_value
+    if keyword == "required":
+        missing = [name for name in value if isinstance(error.instance, dict) and name not in error.instance]
+        return "missing required field " + ", ".join(missing)
+    if keyword == "additionalProperties":
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed) if isinstance(error.instance, dict) else []
+        return "unknown field " + ", ".join(repr(one_line(k, 60)) for k in extra[:5])
+    if keyword == "pattern":
+        if value == r"\S":
+            return "must not be blank"
+        return "must be an RFC 6901 pointer (~ only as ~0 or ~1)"
+    if keyword == "const" and value == "":
+        return "must be absent or empty for EXACT_TEXT"
+    if keyword == "enum":
+        return "must be one of " + ", ".join(value)
+    if keyword == "type":
+        return f"must be of type {value}"
+    if keyword == "minimum":
+        return f"must be >= {value}"
+    if keyword == "maximum":
+        return f"must be <= {value}"
+    return f"violates {keyword}"
+
+
+def _first_schema_error(document: Any):
+    errors = list(_validator().iter_errors(document))
+    if not errors:
+        return None
+    # Deterministic choice: the first pointer in sorted order, then keyword.
+    return min(errors, key=lambda e: (json_pointer(e.absolute_path), e.validator))
+
+
+def parse_request(body: bytes) -> VerificationRequest:
+    """Decode and validate one request body, or raise ``INVALID_VERIFICATION_REQUEST``.
+
+    Order: size, strict JSON (encoding, syntax, duplicate keys, numbers,
+    depth), JSON Schema (first error by pointer), then the msgspec Struct and
+    its cross-field rules as a second, independent check.
+    """
+    if len(body) > MAX_REQUEST_BYTES:
+        raise _invalid(f"body exceeds {MAX_REQUEST_BYTES} bytes")
+    try:
+        document = decode_strict(body, max_bytes=MAX_REQUEST_BYTES, max_depth=16, error=VerificationError)
+    except VianoError as exc:
+        raise _invalid(f"{exc.code} {exc.message}", exc.pointer) from None
+    error = _first_schema_error(document)
+    if error is not None:
+        pointer = json_pointer(error.absolute_path)
+        raise _invalid(f"{pointer or '/'} {_describe(error)}", pointer)
+    try:
+        request = msgspec.convert(document, VerificationRequest)
+    except msgspec.ValidationError as exc:  # the schema should have caught it; parity tests say so
+        raise _invalid(one_line(str(exc), 200)) from None
+    spec = request.verification
+    if spec.mode == JSON_FIELD_EQUALS and not spec.field_path.strip():
+        raise _invalid("/verification/field_path must not be blank for JSON_FIELD_EQUALS", "/verification/field_path")
+    if spec.mode == EXACT_TEXT and spec.field_path != "":
+        raise _invalid("/verification/field_path must be absent or empty for EXACT_TEXT", "/verification/field_path")
+    if spec.field_path.startswith("/") and not _POINTER_RE.match(spec.field_path):
+        raise _invalid("/verification/field_path must be an RFC 6901 pointer", "/verification/field_path")
+    return request
+
+
+# --------------------------------------------------------------------------- evaluation
+
+_MISSING = object()
+
+
+def _resolve(document: Any, pointer: str) -> Any:
+    """RFC 6901 resolution; ``_MISSING`` when any step does not exist."""
+    current = document
+    for raw in pointer[1:].split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(current, dict):
+            if token not in current:
+                return _MISSING
+            current = current[token]
+        elif isinstance(current, list):
+            if not _ARRAY_INDEX_RE.match(token) or int(token) >= len(current):
+                return _MISSING
+            current = current[int(token)]
+        else:
+            return _MISSING
+    return current
+
+
+def _strict_json(text: str) -> Any:
+    """The strict-JSON value of ``text``, or ``_MISSING`` when it is not strict JSON."""
+    try:
+        return decode_strict(text.encode("utf-8"), max_bytes=MAX_REQUEST_BYTES, error=VerificationError)
+    except VianoError:
+        return _MISSING
+
+
+def _matches(request: VerificationRequest) -> bool:
+    spec = request.verification
+    if spec.mode == EXACT_TEXT:
+        return request.response_text.strip() == spec.expected_text.strip()
+    document = _strict_json(request.response_text)
+    if not isinstance(document, dict):
+        return False
+    if spec.field_path.startswith("/"):
+        value = _resolve(document, spec.field_path)
+    else:
+        value = document.get(spec.field_path, _MISSING)
+    if value is _MISSING:
+        return False
+    expected = _strict_json(spec.expected_text)
+    if expected is not _MISSING:
+        return canonical_bytes(value) == canonical_bytes(expected)
+    return isinstance(value, str) and value == spec.expected_text.strip()
+
+
+def verification_evidence(request: VerificationRequest, matched: bool) -> str:
+    """``verification:<sha256>`` over the canonical JSON of the covered fields."""
+    spec = request.verification
+    covered = {
+        "verifier": VERIFIER_IDENTITY,
+        "case_id": request.case_id,
+        "evidence_artifact_ref": request.evidence_artifact_ref,
+        "mode": spec.mode,
+        "field_path": spec.field_path,
+        "matched": matched,
+    }
+    return "verification:" + sha256_hex(canonical_bytes(covered))
+
+
+def evaluate(request: VerificationRequest) -> VerificationResponse:
+    """Pure: the verdict for a validated request."""
+    matched = _matches(request)
+    return VerificationResponse(
+        result=SUPPORTED if matched else UNSUPPORTED,
+        quality_score_millis=request.verification.minimum_quality_millis if matched else 0,
+        evidence=verification_evidence(request, matched),
+    )
+
+
+def _response_bytes(response: VerificationResponse) -> bytes:
+    return canonical_bytes(msgspec.to_builtins(response))
+
+
+def verify_request(body: bytes) -> bytes:
+    """Request bytes in, canonical response bytes out; raises ``INVALID_VERIFICATION_REQUEST``."""
+    return _response_bytes(evaluate(parse_request(body)))
+
+
+def _error_body(exc: VianoError) -> bytes:
+    return canonical_bytes({"error": INVALID_MESSAGE, "code": exc.code, "detail": one_line(exc.message)})
+
+
+# --------------------------------------------------------------------------- WSGI
+
+_JSON_HEADERS = [("Content-Type", "application/json"), ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff")]
+
+
+def read_body(environ: dict, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
+    """Read the request body, never more than ``limit + 1`` bytes; ``None`` if over ``limit``.
+
+    An honest ``Content-Length`` over the limit is refused without reading.
+    A present ``Content-Length`` bounds the read (PEP 3333: never read past
+    it), so a lying, smaller one just truncates the body (which then fails to
+    parse); without one the stream is read to EOF only when the server marks
+    it terminated (``wsgi.input_terminated``, e.g. a dechunked body), in
+    ``_READ_CHUNK`` pieces, stopping at ``limit + 1``.
+    """
+    stream = environ["wsgi.input"]
+    declared = (environ.get("CONTENT_LENGTH") or "").strip()
+    if declared:
+        if not declared.isascii() or not declared.isdigit():
+            raise _invalid("malformed Content-Length")
+        wanted = int(declared)
+        if wanted > limit:
+            return None
+    elif environ.get("wsgi.input_terminated"):
+        wanted = limit + 1
+    else:
+        return b""
+    chunks = []
+    received = 0
+    while received < wanted:
+        chunk = stream.read(min(_READ_CHUNK, wanted - received))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        received += len(chunk)
+    if received > limit:
+        return None
+    return b"".join(chunks)
+
+
+def _reply(start_response: Callable, status: str, body: bytes, extra: Iterable[tuple[str, str]] = ()) -> list[bytes]:
+    start_response(status, _JSON_HEADERS + [("Content-Length", str(len(body)))] + list(extra))
+    return [body]
+
+
+def application(environ: dict, start_response: Callable) -> list[bytes]:
+    """The WSGI app: ``POST /v1/task-evaluations/verify`` and nothing else."""
+    if environ.get("PATH_INFO", "") != VERIFY_PATH:
+        return _reply(start_response, "404 Not Found", canonical_bytes({"error": "not found"}))
+    if environ.get("REQUEST_METHOD") != "POST":
+        return _reply(
+            start_response,
+            "405 Method Not Allowed",
+            canonical_bytes({"error": "method not allowed"}),
+            [("Allow", "POST")],
+        )
+    try:
+        body = read_body(environ)
+        if body is None:
+            raise _invalid(f"body exceeds {MAX_REQUEST_BYTES} bytes")
+        return _reply(start_response, "200 OK", verify_request(body))
+    except VerificationError as exc:
+        return _reply(start_response, "400 Bad Request", _error_body(exc))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def check_file(path: str) -> tuple[str, str, int]:
+    """Verify one request file offline: ``(stdout, stderr, exit_code)``.
+
+    Exit 0 when SUPPORTED, 1 when UNSUPPORTED, 2 when the request is invalid
+    or unreadable (one ``CODE: message`` line on stderr). ``-`` reads stdin.
+    """
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_REQUEST_BYTES + 1)
+    except OSError as exc:
+        return "", f"INVALID_ARGUMENT: cannot read {one_line(path)}: {exc.strerror}\n", 2
+    try:
+        response = evaluate(parse_request(data))
+    except VerificationError as exc:
+        return "", f"{exc}\n", 2
+    return _response_bytes(response).decode("utf-8") + "\n", "", 0 if response.result == SUPPORTED else 1
+
+
+def create_server(host: str = "127.0.0.1", port: int = 0, *, threads: int = 4):
+    """A bound (not yet running) waitress server for :func:`application`.
+
+    Bounds: ``threads`` workers, 64 connections, 16 KiB of headers, bodies
+    below :data:`SERVER_BODY_BACKSTOP` kept in memory (at most 64 x 1 MiB),
+    idle connections closed after 30 s.
+    """
+    from waitress.server import create_server as _create
+
+    return _create(
+        application,
+        host=host,
+        port=port,
+        threads=threads,
+        connection_limit=64,
+        channel_timeout=30,
+        max_request_header_size=16 * 1024,
+        max_request_body_size=SERVER_BODY_BACKSTOP,
+        inbuf_overflow=SERVER_BODY_BACKSTOP + 1,
+        clear_untrusted_proxy_headers=True,
+        expose_tracebacks=False,
+        ident="viano-verifier",
+    )
+
+
+def _stop(signum, frame):  # pragma: no cover - exercised through a subprocess
+    raise SystemExit(0)
+
+
+def serve(host: str, port: int, *, threads: int = 4) -> int:
+    """Serve until SIGTERM/SIGINT; prints ``verifier listening on http://H:P`` once bound."""
+    server = create_server(host, port, threads=threads)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    shown = f"[{server.effective_host}]" if ":" in str(server.effective_host) else server.effective_host
+    print(f"verifier listening on http://{shown}:{server.effective_port}", file=sys.stderr, flush=True)
+    try:
+        server.run()  # returns after SystemExit/KeyboardInterrupt, worker pool shut down
+    finally:
+        server.close()
+    print("verifier stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.verifier", description="Stateless task verifier.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="serve POST /v1/task-evaluations/verify over HTTP")
+    serve_cmd.add_argument("--host", default="127.0.0.1")
+    serve_cmd.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    serve_cmd.add_argument("--threads", type=int, default=4)
+    check_cmd = commands.add_parser("check", help="verify one request file offline (exit 0/1/2)")
+    check_cmd.add_argument("file", help="request JSON file, or - for stdin")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args.host, args.port, threads=args.threads)
+    out, err, code = check_file(args.file)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Workspace layout, safe ids and references, the per-case lock, and symlink-proof opens.
+
+Everything that turns an untrusted string into a filesystem location goes
+through this module: ids through :func:`validate_id`, content paths through
+:func:`check_reference`, and opens inside a package through
+:func:`open_nofollow`, which walks the path one component at a time relative
+to a directory descriptor so no symlink anywhere below the base is followed
+(RELIABILITY.md 27-29). :func:`case_lock` serialises writers of one case on
+one machine with ``flock`` (RELIABILITY.md 32-33).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import stat
+import threading
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import CaseBuildError, LifecycleError, VianoError
+
+__all__ = [
+    "ID_PATTERN",
+    "DEFAULT_WORKSPACE",
+    "WORKSPACE_ENV",
+    "validate_id",
+    "check_reference",
+    "Workspace",
+    "case_lock",
+    "open_nofollow",
+    "open_dir_nofollow",
+    "makedirs_nofollow",
+]
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DEFAULT_WORKSPACE = "service-data"
+WORKSPACE_ENV = "VIANO_WORKSPACE"
+
+_DRIVE_RE = re.compile(r"[A-Za-z]:")
+# Bidirectional formatting characters (Trojan Source, CVE-2021-42574): they
+# make a path display differently from what it is.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+_MAX_COMPONENT_BYTES = 255  # NAME_MAX on every filesystem we care about
+_MAX_REFERENCE_BYTES = 4096  # PATH_MAX
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def validate_id(value: object, what: str = "id") -> str:
+    """Return ``value`` if it matches ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``, else ``UNSAFE_ID``.
+
+    ``fullmatch`` (not ``$``) so a trailing newline is refused too.
+    """
+    if not isinstance(value, str) or ID_PATTERN.fullmatch(value) is None:
+        shown = value if isinstance(value, str) else repr(value)
+        raise VianoError("UNSAFE_ID", f"{what} {shown!r} is not a safe id", path=None)
+    return value
+
+
+def _reference_problem(ref: str) -> str | None:
+    if ref == "":
+        return "empty reference"
+    if ref.startswith("/"):
+        return "absolute reference"  # covers //host (UNC-style) as well
+    if "\\" in ref:
+        return "backslash in reference"
+    if _DRIVE_RE.match(ref):
+        return "drive letter in reference"
+    for ch in ref:
+        if ch in _BIDI or unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+            return f"control, bidi or surrogate character U+{ord(ch):04X} in reference"
+    if len(ref.encode("utf-8")) > _MAX_REFERENCE_BYTES:
+        return "reference too long"
+    for part in ref.split("/"):
+        if part in ("", ".", ".."):
+            return f"empty, '.' or '..' component in reference"
+        if len(part.encode("utf-8")) > _MAX_COMPONENT_BYTES:
+            return "reference component too long"
+    return None
+
+
+def check_reference(ref: object) -> str:
+    """Return ``ref`` if it is a safe content path inside a package, else ``REFERENCE_UNSAFE``.
+
+    Safe: a non-empty ``/``-separated relative path with no empty, ``.`` or
+    ``..`` component, no backslash, no drive prefix (``C:``), no NUL, control,
+    surrogate, line-separator or bidi characters. Nothing is decoded or
+    normalised: ``%2e%2e`` is a literal (harmless) file name, and two spellings
+    of one name are two different references.
+    """
+    if not isinstance(ref, str):
+        raise CaseBuildError("REFERENCE_UNSAFE", f"reference must be a string, not {type(ref).__name__}")
+    problem = _reference_problem(ref)
+    if problem is not None:
+        raise CaseBuildError("REFERENCE_UNSAFE", problem, path=ref)
+    return ref
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where one workspace lives and how its parts are laid out (ARCHITECTURE.md section 3).
+
+    Pure path arithmetic: nothing here touches the disk. ``root`` is made
+    absolute once so a later ``chdir`` cannot move the workspace.
+    """
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(os.path.abspath(os.fspath(self.root))))
+
+    @classmethod
+    def from_var(cls, value: str | None) -> "Workspace":
+        """The workspace named by a command variable, else ``$VIANO_WORKSPACE``, else ``service-data``."""
+        if value is None or value == "":
+            value = os.environ.get(WORKSPACE_ENV) or DEFAULT_WORKSPACE
+        return cls(Path(value))
+
+    @property
+    def store_path(self) -> Path:
+        return self.root / "checkpoints.sqlite3"
+
+    @property
+    def cases_dir(self) -> Path:
+        return self.root / "cases"
+
+    def case_dir(self, case_id: str) -> Path:
+        return self.cases_dir / validate_id(case_id, "case id")
+
+    def package_dir(self, case_id: str, package_id: str) -> Path:
+        return self.case_dir(case_id) / "packages" / validate_id(package_id, "package id")
+
+    def cache_dir(self, case_id: str) -> Path:
+        return self.root / ".cache" / validate_id(case_id, "case id")
+
+    def staging_dir(self) -> Path:
+        return self.root / ".staging"
+
+    def lock_path(self, case_id: str) -> Path:
+        return self.root / ".locks" / f"{validate_id(case_id, 'case id')}.lock"
+
+
+# Locks this process already holds, per thread: path -> depth. flock treats two
+# descriptors of one file in one process as two owners, so a nested
+# case_lock for the same case in the same thread would wait on itself; we
+# count instead. Other threads still contend through their own descriptors.
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iterator[None]:
+    """Hold the exclusive per-case lock for the ``with`` body, or raise ``LOCK_TIMEOUT``.
+
+    Uses ``flock`` on ``.locks/<case_id>.lock``: the kernel drops it when the
+    holder dies (even by SIGKILL), and unlike ``lockf``/``fcntl`` record locks
+    it is not silently released when any other descriptor of the file is
+    closed. Waits by polling ``LOCK_NB`` with short sleeps until ``timeout``
+    seconds have passed (at least one attempt is made). Re-entrant within one
+    thread. The lock file is never deleted: unlinking a lock file lets two
+    processes lock two different inodes.
+    """
+    path = workspace.lock_path(case_id)
+    depths = getattr(_held, "depths", None)
+    if depths is None:
+        depths = _held.depths = {}
+    key = str(path)
+    if depths.get(key, 0) > 0:
+        depths[key] += 1
+        try:
+            yield
+        finally:
+            depths[key] -= 1
+        return
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        deadline = time.monotonic() + max(0.0, timeout)
+        delay = 0.002
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LifecycleError(
+                    "LOCK_TIMEOUT", f"case {case_id} is locked by another writer; gave up after {timeout:g}s"
+                )
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.05)
+        depths[key] = 1
+        try:
+            yield
+        finally:
+            depths.pop(key, None)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _unsafe_or_missing(parent_fd: int, name: str, relpath: str, exc: OSError) -> VianoError:
+    """Classify a failed component open: symlink or special file -> unsafe, absent -> missing."""
+    if exc.errno == errno.ELOOP:
+        return CaseBuildError("REFERENCE_UNSAFE", "reference crosses a symlink", path=relpath)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        try:
+            st = os.lstat(name, dir_fd=parent_fd)
+        except OSError:
+            return CaseBuildError("REFERENCE_MISSING", "reference names a file that does not exist", path=relpath)
+        if stat.S_ISLNK(st.st_mode):
+            return CaseBuildError("REFERENCE_UNSAFE", "reference crosses a symlink", path=relpath)
+        return CaseBuildError("REFERENCE_MISSING", "reference goes through a file that is not a directory", path=relpath)
+    return CaseBuildError("IO_ERROR", f"cannot open reference: {os.strerror(exc.errno or 0)}", path=relpath)
+
+
+def open_dir_nofollow(base_dir: Path | str, reldir: str = "") -> int:
+    """Open ``base_dir/reldir`` as a directory fd, following no symlink below ``base_dir``.
+
+    ``base_dir`` itself is trusted (it is a workspace path we built); ``reldir``
+    (``""`` for the base) is checked with :func:`check_reference`.
+    """
+    try:
+        fd = os.open(base_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CaseBuildError("REFERENCE_MISSING", "base directory does not exist", path=reldir or ".") from None
+    if reldir == "":
+        return fd
+    check_reference(reldir)
+    try:
+        for part in reldir.split("/"):
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _unsafe_or_missing(fd, part, reldir, exc) from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def makedirs_nofollow(dir_fd: int, reldir: str) -> tuple[int, list[int]]:
+    """Create ``reldir`` below ``dir_fd`` one component at a time; return (fd of it, created-in fds).
+
+    Existing components must be real directories (a symlink is
+    ``REFERENCE_UNSAFE``, a file is ``CONTENT_CONFLICT``). The second value
+    lists, for durability, descriptors of the parents in which a new
+    directory was created; the caller fsyncs and closes them. ``dir_fd`` is
+    not closed.
+    """
+    check_reference(reldir)
+    created_in: list[int] = []
+    fd = os.dup(dir_fd)
+    try:
+        for part in reldir.split("/"):
+            made = False
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
+            except FileExistsError:
+                pass
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                err = _unsafe_or_missing(fd, part, reldir, exc)
+                if err.code == "REFERENCE_MISSING":
+                    err = CaseBuildError("CONTENT_CONFLICT", "a file stands where a directory is needed", path=reldir)
+                raise err from None
+            if made:
+                created_in.append(fd)
+            else:
+                os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        for other in created_in:
+            os.close(other)
+        raise
+    return fd, created_in
+
+
+def open_nofollow(base_dir: Path | str, relpath: str, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """Open ``base_dir/relpath`` without following any symlink below ``base_dir``; return the fd.
+
+    Every directory component is opened with ``O_NOFOLLOW|O_DIRECTORY``
+    relative to its parent's descriptor, and the last with ``O_NOFOLLOW``, so
+    a symlink anywhere on the way is ``REFERENCE_UNSAFE`` and an absent part
+    is ``REFERENCE_MISSING``. For read-only opens the target must be a regular
+    file or directory (a FIFO would block the open; a device is never
+    content) -> ``REFERENCE_UNSAFE``. ``O_CLOEXEC`` is always added.
+    """
+    check_reference(relpath)
+    parent, _, name = relpath.rpartition("/")
+    dir_fd = open_dir_nofollow(base_dir, parent)
+    try:
+        if not flags & os.O_CREAT:
+            try:
+                st = os.lstat(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise CaseBuildError("REFERENCE_MISSING", "reference names a file that does not exist", path=relpath) from None
+            if stat.S_ISLNK(st.st_mode):
+                raise CaseBuildError("REFERENCE_UNSAFE", "reference is a symlink", path=relpath)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise CaseBuildError("REFERENCE_UNSAFE", "reference is a special file", path=relpath)
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise _unsafe_or_missing(dir_fd, name, relpath, exc) from None
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,528 @@
+"""Tests for pipeline/summary.py: inert escaping, fixed layout, determinism.
+
+The escaper is checked with a real CommonMark parser (markdown-it-py), and,
+when linkify-it-py / mdit-py-plugins are installed, also with GFM-like
+linkify and the footnote plugin (RELIABILITY.md 48-50).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from markdown_it import MarkdownIt
+
+from pipeline.summary import (
+    LINE_BREAK_MARKER,
+    NONE_SUPPLIED,
+    SECTION_HEADINGS,
+    escape_inline,
+    render_summary,
+    visible_text,
+)
+
+try:  # optional: GFM autolinks need linkify-it-py
+    import linkify_it  # noqa: F401
+
+    HAVE_LINKIFY = True
+except ImportError:  # pragma: no cover - depends on the environment
+    HAVE_LINKIFY = False
+
+try:  # optional: footnotes need mdit-py-plugins
+    from mdit_py_plugins.footnote import footnote_plugin
+except ImportError:  # pragma: no cover - depends on the environment
+    footnote_plugin = None
+
+
+def _parsers() -> dict[str, MarkdownIt]:
+    parsers = {"commonmark": MarkdownIt("commonmark"), "gfm-tables": MarkdownIt("commonmark").enable("table").enable("strikethrough")}
+    if HAVE_LINKIFY:
+        gfm = MarkdownIt("gfm-like")
+        gfm.linkify.set({"fuzzy_email": True, "fuzzy_link": True, "fuzzy_ip": True})
+        parsers["gfm-like+linkify"] = gfm
+    if footnote_plugin is not None:
+        parsers["gfm+footnotes"] = MarkdownIt("commonmark").enable(["table", "strikethrough"]).use(footnote_plugin)
+    return parsers
+
+
+PARSERS = _parsers()
+
+#: Inline token types that supplied text must never produce.
+FORBIDDEN_INLINE = {
+    "html_inline",
+    "link_open",
+    "image",
+    "em_open",
+    "strong_open",
+    "s_open",
+    "code_inline",
+    "footnote_ref",
+    "hardbreak",
+    "softbreak",
+}
+FORBIDDEN_BLOCK = {"html_block", "code_block", "fence", "blockquote_open", "hr"}
+
+
+def _walk(tokens):
+    for token in tokens:
+        yield token
+        if token.children:
+            yield from _walk(token.children)
+
+
+def _inline_text(inline) -> str:
+    """Plain text of an inline token (its only children should be text)."""
+    return "".join(c.content for c in inline.children if c.type == "text")
+
+
+def _paragraph_text(md: MarkdownIt, source: str) -> str:
+    """Parse ``source`` as a whole document that must be one inert paragraph."""
+    tokens = md.parse(source)
+    types = [t.type for t in tokens]
+    assert types == ["paragraph_open", "inline", "paragraph_close"], (source, types)
+    children = tokens[1].children
+    bad = [c.type for c in children if c.type != "text"]
+    assert not bad, (source, bad)
+    return _inline_text(tokens[1])
+
+
+def _table_cells(md: MarkdownIt, source: str) -> list[list[str]]:
+    """Rows of cell texts of the single table in ``source``."""
+    tokens = md.parse(source)
+    assert tokens[0].type == "table_open", [t.type for t in tokens]
+    rows: list[list[str]] = []
+    for token in tokens:
+        assert token.type not in FORBIDDEN_BLOCK
+        if token.type == "tr_open":
+            rows.append([])
+        elif token.type == "inline":
+            assert all(c.type == "text" for c in token.children), [c.type for c in token.children]
+            rows[-1].append(_inline_text(token))
+    return rows
+
+
+# --- the escaper -------------------------------------------------------------
+
+# Text with a heavy share of Markdown-active characters, line breaks and odd
+# whitespace, plus arbitrary unicode (surrogates included).
+MARKDOWNY = st.sampled_from(
+    list("\\`*_~|#<>[]()!&;:/.@-+=^\"'{}$%?,") + ["\n", "\r\n", "\r", "\u2028", "\u2029", "\x0b",
+    "\x0c", "\x85", "\t", " ", "    ", "\u00a0", "\u3000", "\x00", "\x1b", "\u202e", "www.", "http://",
+    "https://", "mailto:", "&lt;", "&#60;", "&amp;", "<script>", "[^1]", "\n- ", "\n1. ", "\n===",
+    "\n---", "```", "<https://a.b>", "example.com", "a@b.co", "javascript:", "![x](y)", "[x](y)"]
+)
+TEXT = st.one_of(
+    st.text(),
+    st.lists(st.one_of(MARKDOWNY, st.text(max_size=3)), max_size=25).map("".join),
+)
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=TEXT)
+def test_escaped_paragraph_is_inert_and_verbatim(name, text):
+    escaped = escape_inline(text)
+    assert "\n" not in escaped and "\r" not in escaped
+    escaped.encode("utf-8")  # always valid UTF-8
+    md = PARSERS[name]
+    # Prefix keeps an all-whitespace text a paragraph; the suffix keeps
+    # trailing whitespace from being the paragraph's end.
+    shown = _paragraph_text(md, "x " + escaped + " y")
+    assert shown == "x " + visible_text(text) + " y"
+    if visible_text(text).strip():
+        assert _paragraph_text(md, escaped) == visible_text(text)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PARSERS if n != "commonmark"))
+@settings(max_examples=200, deadline=None)
+@given(cells=st.lists(TEXT, min_size=1, max_size=4))
+def test_escaped_cells_keep_the_table_shape(name, cells):
+    header = "| " + " | ".join(f"h{i}" for i in range(len(cells))) + " |"
+    sep = "|" + " --- |" * len(cells)
+    row = "| " + " | ".join(escape_inline(c) for c in cells) + " |"
+    rows = _table_cells(PARSERS[name], "\n".join([header, sep, row]) + "\n")
+    assert rows[1] == [visible_text(c) for c in cells]
+
+
+def test_visible_text_folding_rule():
+    assert visible_text("a\r\nb\rc\nd\u2028e\u2029f\x0bg\x0ch\x85i") == LINE_BREAK_MARKER.join("abcdefghi")
+    assert visible_text("\x00\x1b\x7f\x9b\u202e\ud800\t") == "\\x00\\x1b\\x7f\\x9b\\u202e\\ud800\t"
+    assert visible_text("plain é 漢字 ☃") == "plain é 漢字 ☃"
+
+
+RELIABILITY_48_50 = [
+    "<script>alert(1)</script>",
+    '<img src=x onerror="alert(1)">',
+    "<iframe src='https://evil.example'></iframe>",
+    "&lt;b&gt; &#60;b&#62; &#x3C; &amp; &copy;",
+    "[x](javascript:alert(1))",
+    "![img](https://evil.example/x.png)",
+    "[ref]\n\n[ref]: https://evil.example",
+    "<https://evil.example>",
+    "<user@example.com>",
+    "www.example.com",
+    "visit https://example.com/path?q=1 now",
+    "mail user@example.com",
+    "example.com",
+    "`code` ``x`` ```fence```",
+    "```\ncode\n```",
+    "*a* _b_ **c** __d__ ~~e~~ ~f~",
+    "| a | b |\n|---|---|",
+    "# heading",
+    "    indented code",
+    "\tindented with a tab",
+    "line\n- item",
+    "line\n1. item",
+    "line\n===",
+    "line\n---",
+    "> quote",
+    "see [^1]\n\n[^1]: fake footnote",
+    "[^1]: fake definition",
+    "trailing backslash \\",
+    "hard  \nbreak",
+    "\\*not emphasis\\*",
+    "<!-- comment -->",
+    "<?php ?>",
+    "<![CDATA[x]]>",
+    "$math$ {{ jinja }} ${x}",
+]
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@pytest.mark.parametrize("text", RELIABILITY_48_50)
+def test_reliability_examples_render_as_literal_text(name, text):
+    md = PARSERS[name]
+    assert _paragraph_text(md, escape_inline(text)) == visible_text(text)
+    html = md.render(escape_inline(text))
+    assert "<a " not in html and "<img" not in html and "<script" not in html
+    assert "<code" not in html and "<em" not in html and "<strong" not in html
+
+
+@pytest.mark.skipif(not HAVE_LINKIFY, reason="linkify-it-py not installed")
+def test_linkify_would_fire_without_escaping():
+    """Guards the linkify test itself: the parser does linkify raw text."""
+    tokens = PARSERS["gfm-like+linkify"].parse("www.example.com")
+    assert any(t.type == "link_open" for t in _walk(tokens))
+
+
+def test_entities_stay_literal():
+    assert escape_inline("&lt;") == "\\&lt\\;"
+    assert PARSERS["commonmark"].render(escape_inline("&lt; &#60;")) == "<p>&amp;lt; &amp;#60;</p>\n"
+
+
+def test_edge_whitespace_is_neither_indentation_nor_stripped():
+    assert escape_inline("    x  ") == "&#x20;&#x20;&#x20;&#x20;x&#x20;&#x20;"
+    assert escape_inline("") == ""
+    assert escape_inline(" \t ") == "&#x20;&#x9;&#x20;"
+
+
+def test_escape_inline_rejects_non_strings():
+    with pytest.raises(TypeError):
+        escape_inline(3)  # type: ignore[arg-type]
+
+
+# --- whole summaries ---------------------------------------------------------
+
+
+def _prov(kind, source, pointer):
+    return {"kind": kind, "source": source, "pointer": pointer}
+
+
+def _ref(path, size=10):
+    return {"path": path, "sha256": "ab" * 32, "size": size}
+
+
+def full_case(t=lambda s: s) -> dict:
+    """A case following docs/internals.md; ``t`` maps every supplied string."""
+    rep = t("reports/r1.json")
+    repro = t("reproductions/p1.json")
+    citation = {
+        "url": t("https://example.org/spec"),
+        "title": t("Spec"),
+        "retrieved_at": t("2026-01-02T03:04:05Z"),
+        "excerpt": t("The widget must be blue."),
+    }
+    return {
+        "format": "viano-case",
+        "format_version": 1,
+        "builder_version": "1",
+        "case": {
+            "case_id": t("case-1"),
+            "package_id": t("pkg-1"),
+            "analysis_revision": 1,
+            "package_generation": 2,
+            "project": {"name": t("proj"), "version": t("1.0"), "repository": t("https://git/x")},
+            "request_hash": t("cd" * 32),
+        },
+        "bug": {
+            "titles": [{"text": t("Widget is red"), "provenance": _prov("tester_report", rep, t("/title"))}],
+            "summaries": [{"text": t("It is red"), "provenance": _prov("tester_report", rep, t("/summary"))}],
+        },
+        "human_observations": {
+            "observations": [
+                {
+                    "id": t("O0001"),
+                    "text": t("I saw red"),
+                    "author": t("ann"),
+                    "observed_at": t("2026-01-01T00:00:00+01:00"),
+                    "claim": {"key": t("color"), "value": t("red")},
+                    "provenance": _prov("tester_report", rep, t("/observations/0")),
+                },
+                {
+                    "id": t("O0002"),
+                    "text": t("step showed red"),
+                    "claim": {"key": t("color"), "value": {"rgb": [255, 0, 0], "s": t("x")}},
+                    "provenance": _prov("reproduction", repro, t("/observations/0")),
+                },
+            ],
+            "comments": [{"id": t("C0001"), "text": t("a comment"), "provenance": _prov("tester_report", rep, t("/comments/0"))}],
+            "tester_hypotheses": [
+                {"id": t("T0001"), "text": t("maybe the CSS"), "provenance": _prov("tester_report", rep, t("/tester_hypotheses/0"))}
+            ],
+        },
+        "expected_behavior": {
+            "completeness": "reported_partial",
+            "declarations": [{"value": False, "source": rep, "pointer": t("/expected_behavior_complete")}],
+            "statements": [
+                {"id": t("E0001"), "text": t("should be blue"), "origin": "tester",
+                 "provenance": _prov("tester_report", rep, t("/expected_behavior/0"))},
+                {"id": t("E0002"), "text": t("blue per spec"), "origin": "external_research",
+                 "citations": [citation, dict(citation, title=t("Other"))],
+                 "provenance": _prov("external_research", t("research/aa/result.json"), t("/statements/0"))},
+                {"id": t("E0003"), "text": t("also blue"), "origin": "external_research",
+                 "citations": [citation],
+                 "provenance": _prov("external_research", t("research/aa/result.json"), t("/statements/1"))},
+            ],
+            "status": "combined",
+            "sufficiency": "complete",
+        },
+        "reproduction": {
+            "reproductions": [
+                {
+                    "id": t("R0001"),
+                    "source": repro,
+                    "steps": [{"text": t("open it"), "pointer": t("/steps/0")}, {"text": t("look"), "pointer": t("/steps/1")}],
+                    "observation_ids": [t("O0002")],
+                    "fact_ids": [t("F0001")],
+                    "events_ref": _ref(t("events/e.jsonl")),
+                    "attachments": [_ref(t("att/shot.png")), _ref(t("att/log.txt"))],
+                },
+                {"id": t("R0002"), "source": repro, "steps": [], "observation_ids": [], "fact_ids": [],
+                 "events_ref": None, "attachments": []},
+            ]
+        },
+        "entities": [
+            {"type": t("component"), "id": t("42"), "roles": [t("affected"), t("ui")],
+             "sources": [{"source": rep, "pointer": t("/entities/0")}, {"source": repro, "pointer": t("/entities/1")}]}
+        ],
+        "runtime_facts": {
+            "facts": [
+                {"id": t("F0001"), "name": t("color"), "value": {"hex": t("#f00"), "n": 1.5},
+                 "provenance": _prov("reproduction", repro, t("/facts/0"))},
+                {"id": t("F0002"), "name": t("dump"), "value_ref": {"source": repro, "pointer": t("/facts/1/value")},
+                 "provenance": _prov("reproduction", repro, t("/facts/1"))},
+            ],
+            "context": [_ref(t("context/runtime/r.log"))],
+        },
+        "database_context": [_ref(t("context/db/schema.sql"))],
+        "source_context": [_ref(t("context/src/a.py")), _ref(t("context/src/b.py"))],
+        "research": {
+            "request": {"format": "viano-research-request", "format_version": 1},
+            "request_hash": t("ef" * 32),
+            "results": [{"path": t("research/aa/result.json"), "status": "partial", "provider": {"name": t("p"), "version": t("1")}}],
+            "supplied": [_ref(t("context/research/notes.txt"))],
+        },
+        "data_quality": {
+            "gaps": [{"code": "NO_REPRODUCTIONS", "message": t("no reproductions"), "source": rep},
+                     {"code": "MISSING_INDEX", "message": t("no index")}],
+            "claim_conflicts": [
+                {"block": "human_observations", "key": t("color"),
+                 "values": [{"value": t("red"), "id": t("O0001"), "source": rep, "pointer": t("/observations/0")},
+                            {"value": {"rgb": [255, 0, 0]}, "id": t("O0002"), "source": repro, "pointer": t("/observations/0")}]}
+            ],
+        },
+        "inputs": {
+            "index": _ref(t("inputs/1/case-inputs.json")),
+            "index_history": [_ref(t("inputs/1/case-inputs.json"))],
+            "reports": [_ref(rep)],
+            "reproductions": [_ref(repro)],
+            "expected_research": [_ref(t("research/aa/result.json"))],
+            "attachments": [],
+            "unclassified": [_ref(t("misc/unknown.bin"))],
+            "prior_case": None,
+        },
+    }
+
+
+def empty_case() -> dict:
+    return {
+        "format": "viano-case",
+        "format_version": 1,
+        "builder_version": "1",
+        "case": {"case_id": "c", "package_id": "p", "analysis_revision": 1, "package_generation": 1,
+                 "project": {"name": "n", "version": "v"}, "request_hash": "00" * 32},
+        "bug": {"titles": [], "summaries": []},
+        "human_observations": {"observations": [], "comments": [], "tester_hypotheses": []},
+        "expected_behavior": {"completeness": "missing", "declarations": [], "statements": [],
+                              "status": None, "sufficiency": "partial"},
+        "reproduction": {"reproductions": []},
+        "entities": [],
+        "runtime_facts": {"facts": [], "context": []},
+        "database_context": [],
+        "source_context": [],
+        "research": {"request": None, "request_hash": None, "results": [], "supplied": []},
+        "data_quality": {"gaps": [{"code": "MISSING_INDEX", "message": "no index"}], "claim_conflicts": []},
+        "inputs": {"index": None, "index_history": [], "reports": [], "reproductions": [],
+                   "expected_research": [], "attachments": [], "unclassified": [], "prior_case": None},
+    }
+
+
+FOOTNOTE_REF = re.compile(r"\[\^(\d+)\](?!:)")
+FOOTNOTE_DEF = re.compile(r"^\[\^(\d+)\]: ", re.MULTILINE)
+
+
+def check_structure(markdown: str) -> list:
+    """Integrity checks every summary must pass; returns the commonmark tokens."""
+    assert markdown.endswith("\n") and not markdown.endswith("\n\n")
+    markdown.encode("utf-8")
+    # Headings: exactly the fixed set, in order, whatever the content.
+    headings = [(len(m.group(1)), m.group(2)) for m in re.finditer(r"^(#+) (.*)$", markdown, re.MULTILINE)]
+    assert headings == list(SECTION_HEADINGS)
+    # Footnotes: every reference defined, every definition referenced, once each.
+    refs = FOOTNOTE_REF.findall(markdown)
+    defs = FOOTNOTE_DEF.findall(markdown)
+    assert sorted(set(refs), key=int) == defs == [str(i) for i in range(1, len(defs) + 1)]
+    for name, md in PARSERS.items():
+        tokens = md.parse(markdown)
+        for token in _walk(tokens):
+            assert token.type not in FORBIDDEN_BLOCK, (name, token)
+            if token.type == "footnote_ref":
+                continue  # only ours: checked by the regexes above and below
+            if token.type == "softbreak" and name == "commonmark":
+                continue  # plain CommonMark reads our tables as multi-line paragraphs
+            assert token.type not in FORBIDDEN_INLINE, (name, token)
+        parsed_headings = [t for t in tokens if t.type == "heading_open"]
+        assert len(parsed_headings) == len(SECTION_HEADINGS)
+        if "table" in name or "gfm" in name:
+            _check_tables(tokens)
+        if name == "gfm+footnotes":
+            n_refs = sum(t.type == "footnote_ref" for t in _walk(tokens))
+            assert n_refs == len(refs)
+            assert sum(t.type == "footnote_open" for t in tokens) == len(defs)
+    # Every table line has the header's cell count (textual check too).
+    lines = markdown.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("|" + " --- |"):
+            width = line.count("---")
+            j = i - 1
+            while j < len(lines) and lines[j].startswith("|"):
+                assert len(re.findall(r"(?<!\\)\|", lines[j])) - 1 == width, lines[j]
+                j += 1
+    return PARSERS["commonmark"].parse(markdown)
+
+
+def _check_tables(tokens):
+    width = None
+    cells = 0
+    for token in tokens:
+        if token.type == "table_open":
+            width = None
+        elif token.type == "tr_open":
+            cells = 0
+        elif token.type in ("th_open", "td_open"):
+            cells += 1
+        elif token.type == "tr_close":
+            if width is None:
+                width = cells
+            assert cells == width
+
+
+def test_full_case_structure_and_content():
+    case = full_case()
+    text = render_summary(case)
+    check_structure(text)
+    for needle in [
+        "| Case id | case\\-1 |",
+        "| Request hash | " + "cd" * 32 + " |",
+        "O0001 (supplied by tester): I saw red (author: ann; observed at: 2026\\-01\\-01T00\\:00\\:00\\+01\\:00; "
+        "claim: color = \\\"red\\\"; source: tester\\_report reports\\/r1\\.json#\\/observations\\/0)",
+        "T0001 (tester hypothesis, not a fact): maybe the CSS",
+        "E0002 (origin: external\\_research): blue per spec [^1] [^2] (source:",
+        "E0003 (origin: external\\_research): also blue [^3] (source:",
+        "[^1]: Title: Spec; URL: https\\:\\/\\/example\\.org\\/spec; retrieved at: 2026\\-01\\-02T03\\:04\\:05Z; "
+        "excerpt: The widget must be blue\\.",
+        "1. open it (source: reproductions\\/p1\\.json#\\/steps\\/0)",
+        "| F0002 | dump | see reproductions\\/p1\\.json#\\/facts\\/1\\/value |",
+        r'| F0001 | color | \{\"hex\"\:\"\#f00\"\,\"n\"\:1\.5\} |',
+        "| NO\\_REPRODUCTIONS | no reproductions | reports\\/r1\\.json |",
+        "| MISSING\\_INDEX | no index | \u2014 |",
+        "| misc\\/unknown\\.bin | " + "ab" * 32 + " | 10 |",
+    ]:
+        assert needle in text, needle
+
+
+def test_empty_case_says_none_supplied():
+    text = render_summary(empty_case())
+    check_structure(text)
+    # Titles, summaries, three tester lists, declarations, statements,
+    # citations, reproductions, entities, facts, runtime context, database,
+    # source, unclassified, results, supplied research, claim conflicts, inputs.
+    assert text.count(f"\n\n{NONE_SUPPLIED}\n") == 19
+    assert "[^" not in text
+    assert "| Research request | none |" in text
+
+
+def test_deterministic_and_does_not_mutate():
+    case = full_case()
+    before = copy.deepcopy(case)
+    first = render_summary(case)
+    assert render_summary(copy.deepcopy(case)) == first
+    assert render_summary(case).encode("utf-8") == first.encode("utf-8")
+    assert case == before
+
+
+def test_dict_order_does_not_matter():
+    case = full_case()
+
+    def reverse(value):
+        if isinstance(value, dict):
+            return {k: reverse(value[k]) for k in reversed(list(value))}
+        if isinstance(value, list):
+            return [reverse(v) for v in value]
+        return value
+
+    assert render_summary(reverse(case)) == render_summary(case)
+
+
+def test_missing_required_field_is_an_error():
+    case = empty_case()
+    del case["entities"]
+    with pytest.raises(KeyError):
+        render_summary(case)
+
+
+HOSTILE = st.sampled_from(RELIABILITY_48_50).flatmap(lambda s: st.just(s) | TEXT.map(lambda t: s + t))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_hostile_strings_everywhere_keep_the_summary_well_formed(data):
+    """Every supplied string replaced by hostile text: same layout, all inert."""
+    supplied: list[str] = []
+
+    def t(original: str) -> str:
+        value = data.draw(st.one_of(HOSTILE, TEXT), label=original)
+        supplied.append(value)
+        return value
+
+    case = full_case(t)
+    text = render_summary(case)
+    tokens = check_structure(text)
+    shown = "\n".join(_inline_text(tok) for tok in _walk(tokens) if tok.type == "inline")
+    for value in supplied:
+        assert visible_text(value).strip() in shown
+    # Footnote count is fixed by the case shape, not by the supplied text.
+    assert FOOTNOTE_DEF.findall(text) == ["1", "2", "3"]
