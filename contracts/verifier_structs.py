@@ -3,11 +3,13 @@
 The JSON Schemas (``verification-request-v1.schema.json`` and
 ``verification-response-v1.schema.json``) are the contract; these Structs are
 the typed form the verifier works with after validation. Type-level rules
-(required fields, unknown fields, integer bounds, the mode enum) live in both
-places; cross-field rules (blank strings, field_path versus mode, pointer
-syntax) are expressed in the schema and re-checked by
-:func:`pipeline.verifier.parse_request`. ``tests/test_verifier.py`` holds a
-parity test that feeds the same documents to both.
+(required fields, unknown fields, non-blank strings, integer bounds, the mode
+enum) live in both places; the cross-field rules (field_path versus mode,
+pointer syntax) are in the schema and in
+``pipeline.verifier._cross_field_problem``. The verifier accepts a request on
+this Struct path alone and consults the schema only to name the first error,
+so ``tests/test_verifier.py`` holds parity tests (listed and generated
+documents) proving both take the same decisions.
 """
 
 from __future__ import annotations

@@ -180,14 +180,29 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     step_id=plan["step_id"],
                     request_hash=plan["request_hash"],
                 )
-            plan["store_generation"] = record.generation
+            if confirmed is not None:
+                # Reuse: the confirmed case was built from an earlier snapshot; the
+                # generations since then added only generated outputs (excluded from
+                # the request hash), so planning that snapshot gives the same plan.
+                plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
             if plan["prior_case"] is not None:
                 prior = read_prior_case(plan["prior_case"], package.manifest(record.generation))
                 _cache(ws, case_id).write_json(_cache(ws, case_id).document(plan["prior_case"]["sha256"], "case"), prior)
         finally:
             store.close()
-        _cache(ws, case_id).write_json(_cache(ws, case_id).plan, plan)
+        cache = _cache(ws, case_id)
+        cache.write_json(cache.plan, plan)
+        # Kept apart from the plan: it changes with every publication, and the
+        # plan is a file_dep of assemble, which must not rerun for that.
+        cache.write_json(cache.store_state, {"store_generation": record.generation})
     return plan
+
+
+def _confirmed_snapshot_generation(package, plan: dict) -> int:
+    path = plan["outputs"]["case_built"]
+    data = package.read_verified(path, 1024 * 1024)
+    built = decode_strict(data, max_bytes=1024 * 1024, path=path, error=IntegrityError)
+    return built["package_generation"]
 
 
 def step_read_input(workspace_root, case_id, package_id, path, sha256, size, contract, limits=None) -> None:
@@ -393,7 +408,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
                 _check_published(package, outputs, case_bytes, summary_bytes)
                 result = BuildResult(status="reused", generation=record.generation, **outputs)
             else:
-                if record.generation != plan["store_generation"]:
+                if record.generation != cache.read_json(cache.store_state)["store_generation"]:
                     raise CaseBuildError("STALE_GENERATION", "the package changed since the build was planned; run the build again")
                 writer = PackageWriter(package)
                 manifest = writer.publish(

@@ -34,6 +34,10 @@ class BuildCache:
     def plan(self) -> Path:
         return self.root / "plan.json"
 
+    @property
+    def store_state(self) -> Path:
+        return self.root / "store-state.json"
+
     def document(self, sha256: str, contract: str) -> Path:
         return self.root / "documents" / f"{sha256}.{contract}.json"
 

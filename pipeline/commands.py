@@ -116,7 +116,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 )
             if record.state == "BLOCKED":
                 raise LifecycleError("ILLEGAL_TRANSITION", "the case is BLOCKED; resume it before appending")
-            staged = read_append_source(ws, source_path)
+            staged = read_append_source(source_path, staging_dir=ws.staging_dir())
             try:
                 index_bytes = staged.index_bytes
                 read_document(index_bytes, "case-inputs", path="case-inputs.json", max_bytes=limits.document_bytes)

@@ -712,16 +712,26 @@ class PackageWriter:
     def _write_content(self, base: dict, entries, progress: Progress | None) -> dict[str, tuple[str, int]]:
         """Create every new content file exclusively; return path -> (sha256, size)."""
         hashes: dict[str, tuple[str, int]] = {}
+        # Phase 1, before writing anything: every path that already exists
+        # (published, or left by a crashed writer) must hold identical bytes,
+        # so a conflict leaves the package exactly as it was.
+        for relpath, source in entries:
+            known = base["files"].get(relpath)
+            if known is not None:
+                existing = (known["sha256"], known["size"])
+            else:
+                existing = self._existing_hash(relpath)
+                if existing is None:
+                    continue
+            mine = _hash_source(source, relpath, progress)
+            if mine != existing:
+                raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=relpath)
+            hashes[relpath] = mine
+        # Phase 2: create the new files exclusively.
         content_fd = open_dir_nofollow(self.package.content_dir)
         try:
             for relpath, source in entries:
-                known = base["files"].get(relpath)
-                if known is not None:
-                    # Already published: only identical bytes are acceptable.
-                    mine = _hash_source(source, relpath, progress)
-                    if mine != (known["sha256"], known["size"]):
-                        raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=relpath)
-                    hashes[relpath] = mine
+                if relpath in hashes:
                     continue
                 parent, _, name = relpath.rpartition("/")
                 if parent:
@@ -742,6 +752,21 @@ class PackageWriter:
         finally:
             os.close(content_fd)
         return hashes
+
+    def _existing_hash(self, relpath: str) -> tuple[str, int] | None:
+        """(sha256, size) of a content file no manifest names yet, None if absent."""
+        try:
+            fd = open_nofollow(self.package.content_dir, relpath)
+        except VianoError as exc:
+            if exc.code == "REFERENCE_MISSING":
+                return None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CaseBuildError("CONTENT_CONFLICT", "the path already exists and is not a file", path=relpath)
+            return _hash_fd(fd)
+        finally:
+            os.close(fd)
 
     def _next_manifest(self, base: dict, hashes, artifacts, analysis_revision) -> dict:
         manifest = copy.deepcopy(base)

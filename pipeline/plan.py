@@ -164,12 +164,16 @@ def plan_from_manifests(
                 _check_listed(ref, files, index_path, pointer)
                 take(role, ref, index_path, pointer)
 
+    # seq is the global first-appearance order (all roles of index 1, then of
+    # index 2, ...), so records of appended documents always number after
+    # every earlier record, whatever their role.
+    contracts = {role: contract for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result"))}
     documents = []
     seq = 0
     structured_bytes = sum(files[p]["size"] for p in history)
-    for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result")):
-        for path in ordered.get(role, []):
-            documents.append({**_ref(path, files), "role": role, "contract": contract, "seq": seq})
+    for path, role in role_of.items():
+        if role in contracts:
+            documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq})
             seq += 1
     # Research results carry a sibling request.json that must be read and checked too.
     for doc in [d for d in documents if d["role"] == "expected_research"]:

@@ -223,7 +223,7 @@ def _unsafe_or_missing(parent_fd: int, name: str, relpath: str, exc: OSError) ->
     return CaseBuildError("IO_ERROR", f"cannot open reference: {os.strerror(exc.errno or 0)}", path=relpath)
 
 
-def open_dir_nofollow(base_dir: Path | str, reldir: str = "") -> int:
+def open_dir_nofollow(base_dir: Path | str, reldir: str = "", *, _label: str | None = None) -> int:
     """Open ``base_dir/reldir`` as a directory fd, following no symlink below ``base_dir``.
 
     ``base_dir`` itself is trusted (it is a workspace path we built); ``reldir``
@@ -232,16 +232,17 @@ def open_dir_nofollow(base_dir: Path | str, reldir: str = "") -> int:
     try:
         fd = os.open(base_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise CaseBuildError("REFERENCE_MISSING", "base directory does not exist", path=reldir or ".") from None
+        raise CaseBuildError("REFERENCE_MISSING", "base directory does not exist", path=_label or reldir or ".") from None
     if reldir == "":
         return fd
     check_reference(reldir)
+    label = _label or reldir
     try:
         for part in reldir.split("/"):
             try:
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
-                raise _unsafe_or_missing(fd, part, reldir, exc) from None
+                raise _unsafe_or_missing(fd, part, label, exc) from None
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -302,7 +303,7 @@ def open_nofollow(base_dir: Path | str, relpath: str, flags: int = os.O_RDONLY, 
     """
     check_reference(relpath)
     parent, _, name = relpath.rpartition("/")
-    dir_fd = open_dir_nofollow(base_dir, parent)
+    dir_fd = open_dir_nofollow(base_dir, parent, _label=relpath)
     try:
         if not flags & os.O_CREAT:
             try:

@@ -736,3 +736,47 @@ def test_schema_and_structs_refuse_what_the_contract_forbids():
     assert not validator.is_valid(bad)
     with pytest.raises(msgspec.ValidationError):
         decode_case(pretty_bytes(bad))
+
+
+def test_structs_mirror_the_schema():
+    """Parity: every Struct has exactly its schema object's properties and required set."""
+    from contracts import case_structs as cs
+
+    schema = contracts.SCHEMAS["case"]
+    defs = schema["$defs"]
+    props = schema["properties"]
+    eb = props["expected_behavior"]["properties"]
+    pairs = {
+        cs.Ref: defs["ref"], cs.Provenance: defs["provenance"], cs.SourcePointer: defs["source_pointer"],
+        cs.Text: defs["text"], cs.Claim: defs["claim"], cs.Observation: defs["observation"],
+        cs.Comment: defs["comment"], cs.TesterHypothesis: defs["hypothesis"], cs.Citation: defs["citation"],
+        cs.ExpectedStatement: defs["expected_statement"], cs.Fact: defs["fact"], cs.Reproduction: defs["reproduction"],
+        cs.Entity: defs["entity"], cs.ResearchResult: defs["research_result"], cs.Gap: defs["gap"],
+        cs.ClaimConflict: defs["claim_conflict"], cs.ConflictValue: defs["claim_conflict"]["properties"]["values"]["items"],
+        cs.Provider: defs["research_result"]["properties"]["provider"], cs.Case: schema,
+        cs.CaseIdentity: props["case"], cs.Bug: props["bug"], cs.HumanObservations: props["human_observations"],
+        cs.ExpectedBehavior: props["expected_behavior"], cs.Declaration: eb["declarations"]["items"],
+        cs.Step: defs["reproduction"]["properties"]["steps"]["items"], cs.ReproductionBlock: props["reproduction"],
+        cs.RuntimeFacts: props["runtime_facts"], cs.Research: props["research"], cs.DataQuality: props["data_quality"],
+        cs.Inputs: props["inputs"],
+    }
+    for struct, obj in pairs.items():
+        fields = msgspec.structs.fields(struct)
+        assert {f.name for f in fields} == set(obj["properties"]), struct
+        assert {f.name for f in fields if f.required} == set(obj["required"]), struct
+        assert obj["additionalProperties"] is False, struct
+
+
+@pytest.mark.parametrize("ref", ["ok/file.txt", "", "/abs", "a/../b", "a//b", "./a", "a\\b", "C:x", "a\x00b", "a\nb",
+                                 "a\u202eb", "%2e%2e/x", 7])
+def test_local_reference_check_agrees_with_workspace(ref):
+    from pipeline import assemble as module
+    from pipeline.workspace import check_reference as workspace_check
+
+    def outcome(check):
+        try:
+            return check(ref)
+        except CaseBuildError as exc:
+            return exc.code
+
+    assert outcome(module._local_check_reference) == outcome(workspace_check)

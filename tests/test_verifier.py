@@ -584,10 +584,69 @@ def test_struct_and_schema_agree():
     documents += [make(), exact("a", "a"), _spec(field_path="/a/0"), _with(make(), latency_micros=2**53 - 1)]
     for doc in documents:
         by_schema = schema_validator.is_valid(doc)
-        assert by_schema == _struct_accepts(doc), doc
+        assert by_schema == _struct_accepts(doc) == _fast_path_accepts(doc), doc
         if by_schema:
             # and msgspec alone, without the schema, agrees on the type-level rules
             msgspec.convert(doc, VerificationRequest)
+
+
+def _fast_path_accepts(doc) -> bool:
+    try:
+        request = msgspec.convert(doc, VerificationRequest)
+    except msgspec.ValidationError:
+        return False
+    return verifier._cross_field_problem(request) is None
+
+
+_MISSING_VALUE = object()
+_strings = st.sampled_from(["", " ", "\u3000", "x", " x ", "answer", "/a", "/", "/a~0b", "/a~2", "a/b", "EXACT_TEXT", "JSON_FIELD_EQUALS", "exact_text"])
+_values = st.one_of(
+    _strings,
+    st.sampled_from([_MISSING_VALUE, None, True, False, -1, 0, 1, 1.0, 1.5, 999, 1000, 1001, 2**53 - 1, [], {}]),
+)
+
+
+_GOOD = {
+    "case_id": st.sampled_from(["c", " c "]),
+    "response_text": st.sampled_from(["x", '{"a": 1}']),
+    "evidence_artifact_ref": st.just("ref"),
+    "latency_micros": st.sampled_from([0, 5, 2**53 - 1]),
+    "mode": st.sampled_from(["EXACT_TEXT", "JSON_FIELD_EQUALS"]),
+    "field_path": st.sampled_from(["", "a", "/a", "/", "/a~1b", " "]),
+    "expected_text": st.sampled_from(["1", " x"]),
+    "minimum_quality_millis": st.sampled_from([0, 500, 1000]),
+}
+
+
+@st.composite
+def _documents(draw):
+    """Mostly-valid documents with a few fields spoiled, missing or added."""
+
+    def fill(target, names):
+        for name in names:
+            value = draw(_GOOD[name]) if draw(st.integers(0, 9)) else draw(_values)
+            if value is not _MISSING_VALUE:
+                target[name] = value
+
+    spec = {}
+    fill(spec, ("mode", "field_path", "expected_text", "minimum_quality_millis"))
+    if not draw(st.integers(0, 19)):
+        spec["extra"] = 1
+    doc = {}
+    fill(doc, ("case_id", "response_text", "evidence_artifact_ref", "latency_micros"))
+    if draw(st.integers(0, 19)):
+        doc["verification"] = spec
+    else:
+        value = draw(_values)
+        if value is not _MISSING_VALUE:
+            doc["verification"] = value
+    return doc
+
+
+@settings(max_examples=500, deadline=None)
+@given(_documents())
+def test_fast_path_and_schema_agree_on_generated_documents(doc):
+    assert contracts.validator("verification-request").is_valid(doc) == _fast_path_accepts(doc)
 
 
 def _decodes(body: bytes) -> bool:

@@ -1,0 +1,882 @@
+"""Admission of bug packages (ZIP or directory) as new cases, and append sources.
+
+:func:`admit` turns a package source into ``cases/<case_id>/packages/<package_id>/``
+with ``manifests/000001.json`` and ``content/``, then records the case in the
+CheckpointStore. It is all-or-nothing:
+
+* Everything that can be decided from the source alone is decided before the
+  workspace is touched: ids, the whole ZIP structure (:mod:`pipeline.zipscan`)
+  or directory walk, ``manifest.json`` (strict JSON + ``package-source``
+  contract), reserved paths, files the manifest names, free disk.
+* Content is then streamed in 1 MiB chunks into a private staging tree under
+  ``<workspace>/.staging/``; each file is hashed while it is copied (hashing
+  and writing overlap on two threads; ``hashlib`` and ``os.write`` release the
+  GIL), so every byte is read once. CRC and length checks of ZIP members
+  happen during this copy; a failure removes the staging tree.
+* The staged tree is made durable (per-file ``fsync``, or one ``syncfs`` for
+  many small files), then -- under the case lock -- renamed into
+  ``cases/<case_id>`` in one step, and the CheckpointStore row is inserted.
+  **The store row is the commit point.** A case directory without a row is the
+  orphan of a crashed admission: the next admission of that id removes it
+  (under the lock), as it removes staging trees whose writer process is gone.
+
+A rejected source leaves the workspace byte-identical: staging trees, the
+``.staging`` directory and a workspace root created by this call are removed.
+
+:func:`read_append_source` applies the same hostile-source checks to a
+``doit append`` source and stages its files for the PackageWriter.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import stat
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+import contracts
+
+from .errors import AdmissionError, VianoError
+from .faults import crashpoint
+from .jsoncanon import decode_strict, pretty_bytes
+from .lifecycle import CheckpointStore
+from .workspace import Workspace, case_lock, check_reference, validate_id
+from .zipscan import CHUNK, MiB, NameRegistry, ZipArchive, ZipLimits, fold_name, name_problem
+
+__all__ = [
+    "ZipLimits",
+    "SOURCE_MANIFEST",
+    "APPEND_INDEX",
+    "RESERVED_PREFIXES",
+    "Progress",
+    "StderrProgress",
+    "AppendSource",
+    "admit",
+    "read_append_source",
+]
+
+SOURCE_MANIFEST = "manifest.json"
+APPEND_INDEX = "case-inputs.json"
+RESERVED_PREFIXES = ("case", "inputs")
+"""First path parts the package writer owns (``case/revisions/...``,
+``inputs/<generation>/case-inputs.json``); compared after NFC + case folding
+so ``Case/x`` cannot stand in for them on a case-insensitive filesystem."""
+
+Progress = Callable[[str, int, int], None]
+"""``progress(path, bytes_done, file_size)``, called after each chunk copied."""
+
+_MANIFEST_GENERATION_1 = "000001.json"
+_STAGE_PREFIX = "admit-"
+_STAGE_RE = re.compile(r"(?:admit|append)-(.+)-(\d+)-[0-9a-f]{12}")
+_SYNCFS_MIN_FILES = 8  # above this many files one syncfs beats a fsync per file
+_WRITEBACK_EVERY = 16 * MiB  # start writeback of large files early (Linux sync_file_range)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# ------------------------------------------------------------------ progress
+
+
+class StderrProgress:
+    """The default progress reporter: one stderr line per ~256 MiB or 10 % of a file over 64 MiB."""
+
+    def __init__(self, stream=None, *, min_size: int = 64 * MiB, step: int = 256 * MiB) -> None:
+        self.stream = stream
+        self.min_size = min_size
+        self.step = step
+        self._next: dict[str, int] = {}
+
+    def __call__(self, path: str, done: int, total: int) -> None:
+        if total < self.min_size:
+            return
+        step = max(1, min(self.step, total // 10))
+        nxt = self._next.get(path, step)
+        if done >= nxt or done >= total:
+            stream = self.stream or sys.stderr
+            shown = path.encode("unicode_escape").decode("ascii")
+            print(f"admit: {shown}: {done // MiB} / {total // MiB} MiB", file=stream, flush=True)
+            self._next[path] = (done // step + 1) * step
+            if done >= total:
+                self._next.pop(path, None)
+
+
+# ------------------------------------------------------------------- sources
+
+
+def _source_error(code: str, message: str, path: str | None = None) -> AdmissionError:
+    return AdmissionError(code, message, path=path)
+
+
+class _Source:
+    """A validated package source: ``files`` maps content path -> expected size."""
+
+    label: str
+    files: dict[str, int]
+
+    def read_small(self, relpath: str, limit: int) -> bytes:
+        raise NotImplementedError
+
+    def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[bytes | memoryview]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _ZipSource(_Source):
+    def __init__(self, fd: int, limits: ZipLimits, label: str) -> None:
+        self.fd = fd
+        self.label = label
+        self.archive = ZipArchive(fd, limits, label=label)
+        self._entries = {e.name: e for e in self.archive.entries if not e.is_dir}
+        self.files = {name: e.file_size for name, e in self._entries.items()}
+
+    def read_small(self, relpath: str, limit: int) -> bytes:
+        return self.archive.read_entry(self._entries[relpath], limit)
+
+    def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[bytes]:
+        return self.archive.iter_entry(self._entries[relpath])
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _DirSource(_Source):
+    """A directory walked without following symlinks; every file opened relative to its parent's fd."""
+
+    def __init__(self, root_fd: int, limits: ZipLimits, label: str) -> None:
+        self.fd = root_fd
+        self.label = label
+        self.files = {}
+        self._limits = limits
+        self._registry = NameRegistry("SOURCE_NAME_COLLISION", "SOURCE_NAME_COLLISION")
+        self._count = 0
+        self._total = 0
+        self._buffers: tuple[bytearray, bytearray] | None = None
+        self._walk(root_fd, ())
+
+    def _walk(self, dir_fd: int, parts: tuple[str, ...]) -> None:
+        with os.scandir(dir_fd) as it:
+            names = sorted(entry.name for entry in it)
+        for name in names:
+            child = parts + (name,)
+            try:
+                rel = "/".join(child)
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _source_error(
+                    "SOURCE_UNSAFE_NAME", "file name is not valid UTF-8", "/".join(child).encode("utf-8", "backslashreplace").decode()
+                ) from None
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            mode = st.st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = "a symlink" if stat.S_ISLNK(mode) else "a FIFO, socket or device"
+                raise _source_error("SOURCE_SPECIAL_FILE", f"source holds {kind}", rel)
+            problem = name_problem(rel)
+            if problem:
+                raise _source_error("SOURCE_UNSAFE_NAME", problem, rel)
+            self._count += 1
+            if self._count > self._limits.max_entries:
+                raise _source_error(
+                    "LIMIT_EXCEEDED", f"source holds more than {self._limits.max_entries} files and directories", rel
+                )
+            is_dir = stat.S_ISDIR(mode)
+            self._registry.add(child, is_dir, rel)
+            if is_dir:
+                sub = _open_child_dir(dir_fd, name, rel, st)
+                try:
+                    self._walk(sub, child)
+                finally:
+                    os.close(sub)
+            else:
+                if st.st_size > self._limits.max_entry_bytes:
+                    raise _source_error(
+                        "LIMIT_EXCEEDED", f"file is {st.st_size} bytes, limit {self._limits.max_entry_bytes}", rel
+                    )
+                self._total += st.st_size
+                if self._total > self._limits.max_total_bytes:
+                    raise _source_error(
+                        "LIMIT_EXCEEDED", f"source holds more than {self._limits.max_total_bytes} bytes", rel
+                    )
+                self.files[rel] = st.st_size
+
+    def _open_file(self, relpath: str) -> int:
+        parts = relpath.split("/")
+        fd = os.dup(self.fd)
+        try:
+            for i, part in enumerate(parts[:-1]):
+                nxt = _open_child_dir(fd, part, "/".join(parts[: i + 1]), None)
+                os.close(fd)
+                fd = nxt
+            try:
+                # O_NONBLOCK: a FIFO swapped in after the walk must not block the open.
+                ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
+            except OSError as exc:
+                raise _vanished(exc, relpath) from None
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(os.fstat(ffd).st_mode):
+            os.close(ffd)
+            raise _source_error("SOURCE_SPECIAL_FILE", "source file was replaced by a special file", relpath)
+        os.set_blocking(ffd, True)
+        return ffd
+
+    def read_small(self, relpath: str, limit: int) -> bytes:
+        fd = self._open_file(relpath)
+        try:
+            if os.fstat(fd).st_size > limit:
+                raise _source_error("LIMIT_EXCEEDED", f"{os.fstat(fd).st_size} bytes, limit {limit}", relpath)
+            data = b""
+            while len(data) <= limit:
+                chunk = os.read(fd, limit + 1 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+            if len(data) > limit:
+                raise _source_error("LIMIT_EXCEEDED", f"more than {limit} bytes", relpath)
+            return data
+        finally:
+            os.close(fd)
+
+    def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[memoryview]:
+        """Read into two alternating buffers (see :func:`_copy_stream` for why two suffice)."""
+        fd = self._open_file(relpath)
+        try:
+            if self._buffers is None:
+                # Shared by all files of this source: the copier finishes every
+                # write of one file before the next file is opened.
+                self._buffers = (bytearray(CHUNK), bytearray(CHUNK))
+            buffers = self._buffers
+            views = (memoryview(buffers[0]), memoryview(buffers[1]))
+            total = 0
+            k = 0
+            while True:
+                n = os.readv(fd, [buffers[k]])
+                if n == 0:
+                    return
+                total += n
+                if total > limits.max_entry_bytes:
+                    raise _source_error("LIMIT_EXCEEDED", f"file grew beyond {limits.max_entry_bytes} bytes", relpath)
+                yield views[k][:n]
+                k ^= 1
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _vanished(exc: OSError, relpath: str) -> AdmissionError:
+    if exc.errno == errno.ELOOP:
+        return _source_error("SOURCE_SPECIAL_FILE", "source path became a symlink", relpath)
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return _source_error("SOURCE_NOT_FOUND", "source file vanished during admission", relpath)
+    return _source_error("IO_ERROR", f"cannot open source file: {os.strerror(exc.errno or 0)}", relpath)
+
+
+def _open_child_dir(dir_fd: int, name: str, rel: str, expected: os.stat_result | None) -> int:
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _vanished(exc, rel) from None
+    if expected is not None:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (expected.st_dev, expected.st_ino):
+            os.close(fd)
+            raise _source_error("SOURCE_SPECIAL_FILE", "source directory was replaced during admission", rel)
+    return fd
+
+
+def _open_source(source: os.PathLike | str, limits: ZipLimits) -> _Source:
+    """Inspect ``source`` completely (ZIP structure or directory walk) without writing anything."""
+    path = os.fspath(source)
+    label = os.path.basename(path.rstrip("/")) or path
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _source_error("SOURCE_NOT_FOUND", "source does not exist", label) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _source_error("SOURCE_SPECIAL_FILE", "source is a symlink", label)
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except OSError as exc:
+            raise _vanished(exc, label) from None
+        try:
+            return _DirSource(fd, limits, label)
+        except BaseException:
+            os.close(fd)
+            raise
+    if not stat.S_ISREG(st.st_mode):
+        raise _source_error("SOURCE_SPECIAL_FILE", "source is neither a regular file nor a directory", label)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _vanished(exc, label) from None
+    try:
+        return _ZipSource(fd, limits, label)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+# ------------------------------------------------------------------- copying
+
+_libc = None
+
+
+def _libc_fn(name: str):
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        except OSError:  # pragma: no cover - no libc (not Linux)
+            _libc = False
+    return getattr(_libc, name, None) if _libc else None
+
+
+def _syncfs(fd: int) -> bool:
+    """``syncfs(2)``: flush every dirty page and inode of ``fd``'s filesystem.
+
+    Since Linux 5.8 it reports writeback errors like ``fsync``. Returns False
+    where unavailable (the caller then fsyncs file by file). Raises ``OSError``
+    on failure; like a failed fsync it is never retried.
+    """
+    fn = _libc_fn("syncfs") if sys.platform.startswith("linux") else None
+    if fn is None:
+        return False
+    if fn(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return True
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask Linux to start writing a range back now (no wait), so the final fsync has less to do."""
+    fn = _libc_fn("sync_file_range") if sys.platform.startswith("linux") else None
+    if fn is not None:
+        if fn.argtypes is None:
+            fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+        fn(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE; failures surface at fsync
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class _Copier:
+    """Streams chunks to a file while hashing them; hash and write overlap on two threads."""
+
+    def __init__(self) -> None:
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="viano-admit-write")
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+    def copy(self, chunks, out_fd: int, label: str, total: int, progress: Progress | None) -> tuple[str, int]:
+        """Write every chunk to ``out_fd``; return (sha256 hex, bytes).
+
+        At most one write is pending while the producer makes the next chunk,
+        so a producer alternating two buffers never overwrites a buffer that is
+        still being written.
+        """
+        digest = hashlib.sha256()
+        size = 0
+        pending = None
+        flushed = 0
+        try:
+            for chunk in chunks:
+                fut = self._writer.submit(_write_all, out_fd, chunk)
+                digest.update(chunk)
+                if pending is not None:
+                    pending.result()
+                pending = fut
+                size += len(chunk)
+                if size - flushed >= _WRITEBACK_EVERY:
+                    self._writer.submit(_start_writeback, out_fd, flushed, size - flushed)
+                    flushed = size
+                if progress is not None:
+                    progress(label, size, total)
+        finally:
+            if pending is not None:
+                # Wait even when the producer failed: the buffer must not be
+                # freed or the fd closed under a running write.
+                pending.result()
+        return digest.hexdigest(), size
+
+
+# ------------------------------------------------------------------- staging
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, (_DIR_FLAGS if directory else os.O_RDONLY | os.O_CLOEXEC))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _io_error(what: str, exc: OSError, path: str | None = None) -> AdmissionError:
+    return AdmissionError("IO_ERROR", f"{what} failed: {os.strerror(exc.errno) if exc.errno else exc}", path=path)
+
+
+class _Staging:
+    """A private tree ``<root>/<kind>-<id>-<pid>-<hex>/`` removed on failure.
+
+    Directories this object had to create on the way (the workspace root,
+    ``.staging``) are removed again by :meth:`cleanup` when empty, so a
+    rejected admission leaves no trace.
+    """
+
+    def __init__(self, root: Path, kind: str, ident: str, *, remove_empty_root: bool) -> None:
+        self.root = root
+        self._remove_empty_root = remove_empty_root
+        self._created: list[Path] = []
+        for parent in reversed([root, *root.parents]):
+            if not parent.exists():
+                try:
+                    parent.mkdir()
+                    self._created.append(parent)
+                except FileExistsError:
+                    pass
+        self.path = root / f"{kind}-{ident}-{os.getpid()}-{secrets.token_hex(6)}"
+        for _ in range(5):
+            try:
+                self.path.mkdir()
+                break
+            except FileNotFoundError:  # a concurrent cleanup removed the empty root
+                root.mkdir(parents=True, exist_ok=True)
+        else:  # pragma: no cover
+            raise AdmissionError("IO_ERROR", "cannot create a staging directory", path=str(root.name))
+        self.dirs: set[Path] = {self.path}
+
+    def makedirs(self, directory: Path) -> None:
+        missing = []
+        d = directory
+        while d not in self.dirs:
+            missing.append(d)
+            d = d.parent
+        for d in reversed(missing):
+            d.mkdir()
+            self.dirs.add(d)
+
+    def cleanup(self) -> None:
+        if self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+        doomed = list(reversed(self._created))
+        if self._remove_empty_root and self.root not in doomed:
+            doomed.insert(0, self.root)
+        for d in doomed:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+
+
+def _remove_stale_staging(staging_root: Path) -> None:
+    """Remove staging trees whose writer process is gone (crashed admissions)."""
+    try:
+        names = os.listdir(staging_root)
+    except FileNotFoundError:
+        return
+    for name in names:
+        match = _STAGE_RE.fullmatch(name)
+        if match and not _pid_alive(int(match.group(2))):
+            shutil.rmtree(staging_root / name, ignore_errors=True)
+
+
+def _check_free_disk(root: Path, needed: int, limits: ZipLimits) -> None:
+    if not limits.check_free_disk:
+        return
+    probe = root
+    while not probe.exists():
+        probe = probe.parent
+    vfs = os.statvfs(probe)
+    free = vfs.f_bavail * vfs.f_frsize
+    if needed + limits.free_disk_reserve > free:
+        raise AdmissionError(
+            "INSUFFICIENT_DISK",
+            f"admission needs {needed} bytes plus {limits.free_disk_reserve} reserve, {free} available",
+        )
+
+
+def _stage_files(
+    staging: _Staging,
+    content_dir: Path,
+    source: _Source,
+    paths: list[str],
+    limits: ZipLimits,
+    progress: Progress | None,
+) -> dict[str, dict]:
+    """Copy ``paths`` from ``source`` under ``content_dir``, hashing while copying; make all durable."""
+    inventory: dict[str, dict] = {}
+    per_file_fsync = len(paths) <= _SYNCFS_MIN_FILES
+    copier = _Copier()
+    try:
+        for rel in paths:
+            target = content_dir / rel
+            staging.makedirs(target.parent)
+            expected = source.files[rel]
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                if expected > CHUNK:
+                    sha, size = copier.copy(source.chunks(rel, limits), fd, rel, expected, progress)
+                else:
+                    digest = hashlib.sha256()
+                    size = 0
+                    for chunk in source.chunks(rel, limits):
+                        digest.update(chunk)
+                        _write_all(fd, chunk)
+                        size += len(chunk)
+                    sha = digest.hexdigest()
+                    if progress is not None:
+                        progress(rel, size, expected)
+                if per_file_fsync:
+                    os.fsync(fd)
+            except OSError as exc:
+                raise _io_error("writing staged content", exc, rel) from None
+            finally:
+                os.close(fd)
+            inventory[rel] = {"sha256": sha, "size": size}
+    finally:
+        copier.close()
+    return inventory
+
+
+def _make_durable(staging: _Staging, many_files: bool) -> None:
+    """Flush the staged tree: one syncfs when files were not fsynced one by one, then every directory."""
+    try:
+        if many_files:
+            fd = os.open(staging.path, _DIR_FLAGS)
+            try:
+                done = _syncfs(fd)
+            finally:
+                os.close(fd)
+            if not done:  # pragma: no cover - non-Linux fallback
+                for dirpath, _dirs, files in os.walk(staging.path):
+                    for name in files:
+                        _fsync_path(Path(dirpath) / name)
+        for d in sorted(staging.dirs, key=lambda p: len(p.parts), reverse=True):
+            _fsync_path(d, directory=True)
+    except OSError as exc:
+        raise _io_error("fsync of the staged package", exc) from None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        raise _io_error("writing the manifest", exc, path.name) from None
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ manifest
+
+
+def _check_reserved(paths) -> None:
+    for rel in paths:
+        if fold_name(rel.split("/", 1)[0]) in RESERVED_PREFIXES and "/" in rel:
+            raise AdmissionError(
+                "RESERVED_PATH", f"content under {rel.split('/', 1)[0]}/ is reserved for the case builder", path=rel
+            )
+        if fold_name(rel) in RESERVED_PREFIXES:
+            raise AdmissionError("RESERVED_PATH", "a file may not take a reserved directory name", path=rel)
+
+
+def _checked_reference(ref: str, pointer: str) -> str:
+    try:
+        return check_reference(ref)
+    except VianoError as exc:
+        raise AdmissionError(exc.code, exc.message, path=SOURCE_MANIFEST, pointer=pointer) from None
+
+
+def _read_source_manifest(source: _Source, limits: ZipLimits) -> dict:
+    if SOURCE_MANIFEST not in source.files:
+        raise AdmissionError("MANIFEST_MISSING", "the package has no manifest.json at its root", path=source.label)
+    data = source.read_small(SOURCE_MANIFEST, limits.manifest_bytes)
+    doc = decode_strict(data, max_bytes=limits.manifest_bytes, path=SOURCE_MANIFEST, error=AdmissionError)
+    try:
+        contracts.validate("package-source", doc, path=SOURCE_MANIFEST, error=AdmissionError)
+    except AdmissionError as exc:
+        if exc.code == "SCHEMA_VIOLATION":
+            raise AdmissionError("MANIFEST_INVALID", exc.message, path=SOURCE_MANIFEST, pointer=exc.pointer) from None
+        raise
+    try:
+        validate_id(doc["package_id"], "package id")
+    except VianoError as exc:
+        raise AdmissionError("UNSAFE_ID", exc.message, path=SOURCE_MANIFEST, pointer="/package_id") from None
+    return doc
+
+
+def _pins(doc: dict, content: dict[str, int]) -> dict[str, dict]:
+    """Check every file the manifest names exists; return {path: {sha256?, size?}} pins."""
+    pins: dict[str, dict] = {}
+    case_inputs = doc.get("artifacts", {}).get("case_inputs")
+    if case_inputs is not None:
+        _checked_reference(case_inputs, "/artifacts/case_inputs")
+        if case_inputs not in content:
+            raise AdmissionError(
+                "MANIFEST_FILE_MISSING",
+                "artifacts.case_inputs names a file the package does not hold",
+                path=case_inputs,
+                pointer="/artifacts/case_inputs",
+            )
+    for i, item in enumerate(doc.get("files", [])):
+        pointer = f"/files/{i}"
+        rel = item if isinstance(item, str) else item["path"]
+        _checked_reference(rel, pointer if isinstance(item, str) else pointer + "/path")
+        if rel in pins:
+            raise AdmissionError("MANIFEST_INVALID", "files lists a path twice", path=SOURCE_MANIFEST, pointer=pointer)
+        if rel not in content:
+            raise AdmissionError(
+                "MANIFEST_FILE_MISSING", "the manifest names a file the package does not hold", path=rel, pointer=pointer
+            )
+        pin = {} if isinstance(item, str) else {k: item[k] for k in ("sha256", "size") if k in item}
+        if "size" in pin and pin["size"] != content[rel]:
+            raise AdmissionError(
+                "INTEGRITY_ERROR", f"file is {content[rel]} bytes, the manifest says {pin['size']}", path=rel, pointer=pointer
+            )
+        pins[rel] = pin
+    return pins
+
+
+def _stored_manifest(case_id: str, doc: dict, inventory: dict[str, dict]) -> dict:
+    return {
+        "format": "viano-package",
+        "format_version": 1,
+        "case_id": case_id,
+        "package_id": doc["package_id"],
+        "package_generation": 1,
+        "analysis_revision": doc["analysis_revision"],
+        "project": dict(doc["project"]),
+        "artifacts": dict(doc.get("artifacts", {})),
+        "files": {rel: inventory[rel] for rel in sorted(inventory)},
+    }
+
+
+# ------------------------------------------------------------------- admit
+
+
+def _refuse_existing(workspace: Workspace, case_id: str) -> None:
+    """Cheap early CASE_EXISTS (repeated under the lock); never creates a store."""
+    if not workspace.store_path.exists():
+        return
+    store = CheckpointStore(workspace, create=False)
+    try:
+        if store.exists(case_id):
+            raise AdmissionError("CASE_EXISTS", f"case {case_id} was already admitted", path=None)
+    finally:
+        store.close()
+
+
+def admit(
+    workspace: Workspace | os.PathLike | str,
+    case_id: str,
+    source: os.PathLike | str,
+    *,
+    limits: ZipLimits = ZipLimits(),
+    progress: Progress | None = None,
+) -> dict:
+    """Admit ``source`` (a ZIP file or a directory) as new case ``case_id``; return manifest generation 1.
+
+    The returned dict is exactly what was written to
+    ``cases/<case_id>/packages/<package_id>/manifests/000001.json``: the source
+    manifest's identity, project, revision and artifacts plus ``case_id``,
+    ``package_generation: 1`` and ``files`` (every content path, listed or
+    not, with ``sha256`` and ``size``). ``progress`` defaults to
+    :class:`StderrProgress`; pass ``lambda *a: None`` for silence.
+
+    Errors (all :class:`~pipeline.errors.VianoError`, workspace unchanged):
+    ``UNSAFE_ID``, ``CASE_EXISTS``, ``SOURCE_NOT_FOUND``, ``SOURCE_SPECIAL_FILE``,
+    ``SOURCE_UNSAFE_NAME``, ``SOURCE_NAME_COLLISION``, every ``ZIP_*`` code,
+    ``LIMIT_EXCEEDED``, ``MANIFEST_MISSING``, ``JSON_*``, ``UNSUPPORTED_VERSION``,
+    ``MANIFEST_INVALID``, ``REFERENCE_UNSAFE``, ``MANIFEST_FILE_MISSING``,
+    ``RESERVED_PATH``, ``INTEGRITY_ERROR`` (a pinned sha256/size differs),
+    ``INSUFFICIENT_DISK``, ``IO_ERROR``, ``LOCK_TIMEOUT``.
+    """
+    case_id = validate_id(case_id, "case id")
+    ws = workspace if isinstance(workspace, Workspace) else Workspace(Path(workspace))
+    if progress is None:
+        progress = StderrProgress()
+    _refuse_existing(ws, case_id)
+    src = _open_source(source, limits)
+    try:
+        doc = _read_source_manifest(src, limits)
+        package_id = doc["package_id"]
+        content = {rel: size for rel, size in src.files.items() if rel != SOURCE_MANIFEST}
+        _check_reserved(content)
+        pins = _pins(doc, content)
+        paths = sorted(content)
+        _check_free_disk(ws.root, sum(content.values()), limits)
+
+        staging = _Staging(ws.staging_dir(), "admit", case_id, remove_empty_root=True)
+        try:
+            case_tree = staging.path / "case"
+            package_tree = case_tree / "packages" / package_id
+            content_dir = package_tree / "content"
+            staging.makedirs(content_dir)
+            inventory = _stage_files(staging, content_dir, src, paths, limits, progress)
+            for rel, pin in pins.items():
+                if "sha256" in pin and pin["sha256"] != inventory[rel]["sha256"]:
+                    raise AdmissionError("INTEGRITY_ERROR", "file's sha256 differs from the manifest", path=rel)
+            manifest = _stored_manifest(case_id, doc, inventory)
+            contracts.validate("package-manifest", manifest, path="manifests/" + _MANIFEST_GENERATION_1, error=AdmissionError)
+            staging.makedirs(package_tree / "manifests")
+            _write_new(package_tree / "manifests" / _MANIFEST_GENERATION_1, pretty_bytes(manifest))
+            _make_durable(staging, many_files=len(paths) > _SYNCFS_MIN_FILES)
+            crashpoint("admit:after-stage")
+            _commit(ws, case_id, staging, case_tree, manifest)
+        finally:
+            staging.cleanup()
+    finally:
+        src.close()
+    return manifest
+
+
+def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, manifest: dict) -> None:
+    """Under the case lock: refuse an admitted id, clear an orphan, rename, insert the store row."""
+    target = ws.case_dir(case_id)
+    with case_lock(ws, case_id):
+        store = CheckpointStore(ws)
+        try:
+            if store.exists(case_id):
+                raise AdmissionError("CASE_EXISTS", f"case {case_id} was already admitted")
+            if os.path.lexists(target):
+                # No store row: the orphan of a crashed admission (see module doc).
+                shutil.rmtree(target) if not os.path.islink(target) else os.unlink(target)
+            _remove_stale_staging(ws.staging_dir())
+            ws.cases_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(case_tree, target)
+                _fsync_path(ws.cases_dir, directory=True)
+                _fsync_path(staging.path, directory=True)
+            except OSError as exc:
+                raise _io_error("publishing the admitted case", exc, case_id) from None
+            crashpoint("admit:after-rename")
+            try:
+                store.admit(case_id, manifest["package_id"], manifest["analysis_revision"], generation=1)
+            except BaseException:
+                # Not committed: take the tree back so no orphan is left behind.
+                try:
+                    os.rename(target, case_tree)
+                except OSError:
+                    pass
+                raise
+        finally:
+            store.close()
+
+
+# ------------------------------------------------------------------- append
+
+
+class AppendSource(tuple):
+    """``(index_bytes, files)`` from :func:`read_append_source`, plus where the files are staged.
+
+    Unpacks as a 2-tuple. ``files`` maps each new content path (sorted) to the
+    ``Path`` of a private, verified copy under :attr:`root`; call
+    :meth:`cleanup` (or use ``with``) once the PackageWriter has copied them.
+    """
+
+    root: Path
+
+    def __new__(cls, index_bytes: bytes, files: dict[str, Path], root: Path, staging: _Staging):
+        self = super().__new__(cls, (index_bytes, files))
+        self.root = root
+        self._staging = staging
+        return self
+
+    @property
+    def index_bytes(self) -> bytes:
+        return self[0]
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return self[1]
+
+    def cleanup(self) -> None:
+        self._staging.cleanup()
+
+    def __enter__(self) -> "AppendSource":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.cleanup()
+
+
+def read_append_source(
+    source: os.PathLike | str,
+    limits: ZipLimits = ZipLimits(),
+    *,
+    staging_dir: os.PathLike | str | None = None,
+    progress: Progress | None = None,
+) -> AppendSource:
+    """Inspect and stage a ``doit append`` source; return ``(index_bytes, {content path: staged Path})``.
+
+    The source (ZIP or directory, same hostile checks as :func:`admit`) holds
+    the returning index at its root as ``case-inputs.json`` (no manifest) and
+    new files at their content paths. The index is strictly decoded and checked
+    against the ``case-inputs`` contract, and returned as its exact bytes (the
+    caller stores it as ``inputs/<generation>/case-inputs.json``). Every other
+    file is copied, verified (CRC for ZIP members), under a fresh directory in
+    ``staging_dir`` (default: the system temp dir; pass the workspace's
+    ``staging_dir()`` to stay on its filesystem). The return value is an
+    :class:`AppendSource`: a 2-tuple ``(index_bytes: bytes, files: dict[str,
+    Path])`` with ``.root`` and ``.cleanup()``; on error nothing is left behind.
+
+    Errors: as :func:`admit` for the source, ``INDEX_MISSING``, ``JSON_*``,
+    ``LIMIT_EXCEEDED``, ``SCHEMA_VIOLATION``/``UNSUPPORTED_VERSION`` for the
+    index, ``RESERVED_PATH`` for content under ``case/`` or ``inputs/``.
+    """
+    if progress is None:
+        progress = StderrProgress()
+    root = Path(staging_dir) if staging_dir is not None else Path(tempfile.gettempdir())
+    src = _open_source(source, limits)
+    try:
+        if APPEND_INDEX not in src.files:
+            raise AdmissionError("INDEX_MISSING", "the append source has no case-inputs.json at its root", path=src.label)
+        index_bytes = src.read_small(APPEND_INDEX, limits.manifest_bytes)
+        index = decode_strict(index_bytes, max_bytes=limits.manifest_bytes, path=APPEND_INDEX, error=AdmissionError)
+        contracts.validate("case-inputs", index, path=APPEND_INDEX, error=AdmissionError)
+        content = {rel: size for rel, size in src.files.items() if rel != APPEND_INDEX}
+        _check_reserved(content)
+        _check_free_disk(root, sum(content.values()), limits)
+        staging = _Staging(root, "append", "source", remove_empty_root=False)
+        try:
+            files_dir = staging.path / "files"
+            staging.makedirs(files_dir)
+            paths = sorted(content)
+            _stage_files(staging, files_dir, src, paths, limits, progress)
+            files = {rel: files_dir / rel for rel in paths}
+        except BaseException:
+            staging.cleanup()
+            raise
+    finally:
+        src.close()
+    return AppendSource(bytes(index_bytes), files, staging.path, staging)

@@ -1,0 +1,245 @@
+"""End to end through the real `doit` command: build, reuse, incremental rebuild."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.jsoncanon import resolve_pointer
+from tests.e2e import kit
+
+
+def standard_package(root: Path) -> Path:
+    reports = {
+        "original/report-a.json": kit.report(
+            "Switch stays off",
+            summary="Pressing the switch does nothing",
+            observations=[
+                {"text": "The switch remains off", "author": "Tester A", "observed_at": "2026-11-01T10:00:00+01:00",
+                 "claim": {"key": "switch.state", "value": "off"}},
+                {"text": "No log line appears"},
+            ],
+            comments=[{"text": "Seen on two devices", "claim": {"key": "switch.state", "value": "on"}}],
+            hypotheses=[{"text": "Perhaps a timing issue"}],
+            expected=[{"text": "The switch turns on", "claim": {"key": "switch.target", "value": "on"}}],
+            complete=False,
+            entities=[{"type": "component", "id": 42, "roles": ["focus"]}],
+        ),
+        "original/report-b.json": kit.report(
+            "Switch <b>off</b> again",
+            observations=[{"text": "It is on, actually", "claim": {"key": "switch.state", "value": "on"}}],
+            entities=[{"type": "component", "id": "42", "roles": ["mentioned"]}],
+        ),
+    }
+    repro = kit.reproduction(
+        steps=["Open the panel", "Press the switch"],
+        observations=[{"text": "Panel shows OFF"}],
+        facts=[{"name": "firmware", "value": "1.2.3"}, {"name": "blob", "value": "x" * 20000}],
+        events_ref="original/runtime.log",
+        attachments=["original/screen.png"],
+    )
+    files = {
+        **reports,
+        "original/repro.json": repro,
+        "original/runtime.log": "event\n" * 5000,
+        "original/screen.png": b"\x89PNG fake",
+        "original/db.sql": "create table t(x);\n",
+        "original/notes.txt": "unlisted notes",
+    }
+    idx = kit.index(reports=list(reports), reproductions=["original/repro.json"], database=["original/db.sql"])
+    return kit.make_package(root, files=files, index=idx)
+
+
+@pytest.fixture
+def admitted(tmp_path):
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    result = kit.doit("admit", "case=c1", f"source={source}", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    return ws
+
+
+def _case(ws: Path, revision=1) -> dict:
+    path = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / f"{revision:04d}" / "case.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_build_publishes_case_summary_and_checkpoint(admitted):
+    ws = admitted
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    assert "confirmed at generation 2" in result.stdout
+    content = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001"
+    assert sorted(p.name for p in content.iterdir()) == ["case-built.json", "case.json", "case_summary.md"]
+    assert [p.name for p in kit.manifests(ws, "c1")] == ["000001.json", "000002.json"]
+    manifest = json.loads(kit.manifests(ws, "c1")[-1].read_text())
+    assert manifest["artifacts"]["case"] == "case/revisions/0001/case.json"
+    case = _case(ws)
+    assert case["format"] == "viano-case" and case["builder_version"] == "1"
+    assert case["case"]["package_generation"] == 1
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert "state: BUILDING_CASE" in status.stdout
+    assert "publish: up to date" in status.stdout
+
+
+def test_every_provenance_pointer_resolves_to_its_text(admitted):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    case = _case(ws)
+    content = kit.package_dir(ws, "c1") / "content"
+    statements = []
+    for block in ("observations", "comments", "tester_hypotheses"):
+        statements += case["human_observations"][block]
+    statements += case["expected_behavior"]["statements"]
+    assert len(statements) >= 6
+    for statement in statements:
+        prov = statement["provenance"]
+        source = json.loads((content / prov["source"]).read_text(encoding="utf-8"))
+        assert resolve_pointer(source, prov["pointer"])["text"] == statement["text"]
+    for item in case["bug"]["titles"] + case["bug"]["summaries"]:
+        source = json.loads((content / item["provenance"]["source"]).read_text(encoding="utf-8"))
+        assert resolve_pointer(source, item["provenance"]["pointer"]) == item["text"]
+    for fact in case["runtime_facts"]["facts"]:
+        source = json.loads((content / fact["provenance"]["source"]).read_text(encoding="utf-8"))
+        target = resolve_pointer(source, fact["provenance"]["pointer"])
+        assert target["name"] == fact["name"]
+        if "value" in fact:
+            assert target["value"] == fact["value"]
+        else:
+            assert resolve_pointer(source, fact["value_ref"]["pointer"]) == target["value"]
+    for entity in case["entities"]:
+        for src in entity["sources"]:
+            source = json.loads((content / src["source"]).read_text(encoding="utf-8"))
+            assert str(resolve_pointer(source, src["pointer"])["id"]) == entity["id"]
+
+
+def test_case_content_rules(admitted):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    case = _case(ws)
+    ids = [s["id"] for s in case["human_observations"]["observations"]]
+    assert ids == ["O0001", "O0002", "O0003", "O0004"]
+    assert [s["id"] for s in case["human_observations"]["tester_hypotheses"]] == ["T0001"]
+    conflicts = case["data_quality"]["claim_conflicts"]
+    assert [(c["block"], c["key"]) for c in conflicts] == [("human_observations", "switch.state")]
+    assert {v["id"] for v in conflicts[0]["values"]} == {"O0001", "O0003"}  # the comment's claim never counts
+    assert case["entities"] == [{
+        "type": "component", "id": "42", "roles": ["focus", "mentioned"],
+        "sources": [{"source": "original/report-a.json", "pointer": "/entities/0"},
+                    {"source": "original/report-b.json", "pointer": "/entities/0"}],
+    }]
+    facts = case["runtime_facts"]["facts"]
+    assert facts[0]["value"] == "1.2.3" and "value_ref" not in facts[0]
+    assert "value" not in facts[1] and facts[1]["value_ref"] == {"source": "original/repro.json", "pointer": "/facts/1/value"}
+    assert case["expected_behavior"]["completeness"] == "reported_partial"
+    assert case["research"]["request"] is not None and re.fullmatch(r"[0-9a-f]{64}", case["research"]["request_hash"])
+    assert [r["path"] for r in case["inputs"]["unclassified"]] == ["original/notes.txt"]
+    assert [r["path"] for r in case["database_context"]] == ["original/db.sql"]
+    repro = case["reproduction"]["reproductions"][0]
+    assert repro["id"] == "R0001" and repro["events_ref"]["path"] == "original/runtime.log"
+    assert repro["observation_ids"] == ["O0004"]
+
+
+def test_noop_rebuild_reuses_and_creates_no_generation(admitted):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws)
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert ".  read_input" not in again.stderr and ".  hash_context" not in again.stderr
+    assert ".  publish" not in again.stderr
+    assert kit.tree_digest(ws) == {k: v for k, v in before.items()} or _only_store_changed(before, kit.tree_digest(ws))
+    assert len(kit.manifests(ws, "c1")) == 2
+
+
+def _only_store_changed(before, after):
+    return {k for k in set(before) | set(after) if before.get(k) != after.get(k)} <= {"checkpoints.sqlite3"}
+
+
+def test_deleting_cache_changes_no_output(admitted):
+    import shutil
+
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    first = _case(ws)
+    shutil.rmtree(ws / ".cache")
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "reused" in again.stdout
+    assert len(kit.manifests(ws, "c1")) == 2
+    assert _case(ws) == first
+
+
+def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
+    ws = admitted
+    # append before the first build: only the new report is listed
+    extra = kit.make_append(
+        tmp_path / "app1",
+        files={"original/report-c.json": kit.report("Third", observations=[{"text": "Third look"}])},
+        index=kit.index(reports=["original/report-c.json"]),
+    )
+    result = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    first = _case(ws)
+    by_key = {(s["provenance"]["source"], s["provenance"]["pointer"]): s["id"] for s in first["human_observations"]["observations"]}
+    assert by_key[("original/report-c.json", "/observations/0")] == "O0005"
+    # now the case is confirmed: append needs a reopen
+    extra2 = kit.make_append(
+        tmp_path / "app2",
+        files={"original/report-d.json": kit.report("Fourth", observations=[{"text": "Fourth look"}])},
+        index=kit.index(reports=["original/report-d.json"]),
+    )
+    refused = kit.doit("append", "case=c1", f"source={extra2}", workspace=ws)
+    assert refused.returncode != 0 and "REOPEN_REQUIRED" in refused.stderr
+    reopened = kit.doit("reopen", "case=c1", "by=human:alice", "reason=new evidence", workspace=ws)
+    assert reopened.returncode == 0, reopened.stderr
+    assert kit.doit("append", "case=c1", f"source={extra2}", workspace=ws).returncode == 0
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    read = re.findall(r"^\.  read_input:(.*)$", rebuilt.stderr, re.M)
+    assert read == ["original/report-d.json"]
+    assert "hash_context" not in rebuilt.stderr.replace("-- hash_context", "")
+    second = _case(ws, revision=2)
+    for statement in second["human_observations"]["observations"]:
+        key = (statement["provenance"]["source"], statement["provenance"]["pointer"])
+        if key in by_key:
+            assert statement["id"] == by_key[key]
+    assert second["inputs"]["prior_case"]["path"] == "case/revisions/0001/case.json"
+    assert {s["id"] for s in second["human_observations"]["observations"]} == {"O0001", "O0002", "O0003", "O0004", "O0005", "O0006"}
+
+
+def test_export_copies_outputs_and_refuses_to_overwrite(tmp_path, admitted):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out" / "nested"
+    assert kit.doit("export", "case=c1", f"dest={dest}", workspace=ws).returncode == 0
+    assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
+    assert kit.doit("export", "case=c1", f"dest={dest}", workspace=ws).returncode == 0  # identical: fine
+    (dest / "case.json").write_text("{}")
+    refused = kit.doit("export", "case=c1", f"dest={dest}", workspace=ws)
+    assert refused.returncode != 0 and "CONTENT_CONFLICT" in refused.stderr
+    assert (dest / "case.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("args, code", [
+    (("build", "case=../x"), "UNSAFE_ID"),
+    (("build", "case=nope"), "UNKNOWN_CASE"),
+    (("status",), "INVALID_ARGUMENT"),
+    (("admit", "case=c2"), "INVALID_ARGUMENT"),
+    (("admit", "case=c2", "source=/does/not/exist"), "SOURCE_NOT_FOUND"),
+    (("reopen", "case=c1", "by=robot", "reason=x"), "INVALID_ARGUMENT"),
+    (("reopen", "case=c1", "by=human:a", "reason=x"), "ILLEGAL_TRANSITION"),
+    (("export", "case=c1", "dest=/tmp/viano-never"), "NOT_BUILT"),
+])
+def test_bad_variables_are_one_line_errors_and_change_nothing(admitted, args, code):
+    ws = admitted
+    before = kit.tree_digest(ws, skip_cache=False)
+    result = kit.doit(*args, workspace=ws)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if re.match(r"^[A-Z_]+: ", line)]
+    assert len(lines) == 1 and lines[0].startswith(code + ": "), result.stderr
+    assert kit.tree_digest(ws, skip_cache=False) == before

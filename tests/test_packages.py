@@ -1,0 +1,573 @@
+"""Tests for pipeline.packages: generations, verified reads, durable and racing publication."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import VianoError
+from pipeline.jsoncanon import pretty_bytes
+from pipeline.packages import (
+    Package,
+    PackageWriter,
+    copy_durable,
+    is_temp_name,
+    write_durable,
+)
+from pipeline.workspace import Workspace
+
+PROCS = Path(__file__).parent / "procs"
+PROJECT = {"name": "demo", "version": "1.0"}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()
+    }
+
+
+def temps(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob("*") if is_temp_name(p.name)]
+
+
+@pytest.fixture
+def ws(tmp_path) -> Workspace:
+    return Workspace(tmp_path / "ws")
+
+
+@pytest.fixture
+def pkg(ws) -> Package:
+    """A package at generation 1 holding original/report.data."""
+    package = Package(ws, "case-1", "pkg-1")
+    PackageWriter(package).publish(
+        0, {"original/report.data": b"report v1\n"}, project=PROJECT, analysis_revision=1
+    )
+    return package
+
+
+# ---------------------------------------------------------------- publishing
+
+
+def test_generation_one_and_two(pkg):
+    assert pkg.current_generation() == 1
+    m1 = pkg.manifest()
+    assert m1 == {
+        "format": "viano-package",
+        "format_version": 1,
+        "case_id": "case-1",
+        "package_id": "pkg-1",
+        "package_generation": 1,
+        "analysis_revision": 1,
+        "project": PROJECT,
+        "artifacts": {},
+        "files": {"original/report.data": {"sha256": sha(b"report v1\n"), "size": 10}},
+    }
+    index = b'{"format": "viano-case-inputs"}\n'
+    m2 = PackageWriter(pkg).publish(1, {"inputs/2/case-inputs.json": index}, artifacts={"case_inputs": "inputs/2/case-inputs.json"})
+    assert m2["package_generation"] == 2 and pkg.current_generation() == 2
+    assert m2["files"]["original/report.data"] == m1["files"]["original/report.data"]
+    assert m2["artifacts"] == {"case_inputs": "inputs/2/case-inputs.json"}
+    assert m2["analysis_revision"] == 1
+    assert (pkg.manifests_dir / "000001.json").read_bytes() == pretty_bytes(m1)
+    assert (pkg.manifests_dir / "000002.json").read_bytes() == pretty_bytes(m2)
+    assert pkg.manifest(1) == m1 and pkg.manifest() == m2
+    assert pkg.read_verified("inputs/2/case-inputs.json", 1024) == index
+    assert sorted(os.listdir(pkg.manifests_dir)) == ["000001.json", "000002.json"]
+    assert temps(pkg.dir) == []
+
+
+def test_manifest_is_a_copy(pkg):
+    pkg.manifest()["files"].clear()
+    assert pkg.manifest()["files"]
+
+
+def test_stale_expected_generation_writes_nothing(pkg):
+    before = snapshot(pkg.dir)
+    for expected in (0, 2, 5):
+        with pytest.raises(VianoError) as info:
+            PackageWriter(pkg).publish(expected, {"new.txt": b"x"}, project=PROJECT if expected == 0 else None, analysis_revision=1)
+        assert info.value.code == "GENERATION_CONFLICT"
+        assert "generation 1" in info.value.message
+    assert snapshot(pkg.dir) == before
+
+
+def test_generation_one_needs_project(ws):
+    with pytest.raises(VianoError) as info:
+        PackageWriter(Package(ws, "c", "p")).publish(0, {"a": b"a"}, analysis_revision=1)
+    assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_project_only_at_generation_one(pkg):
+    with pytest.raises(VianoError) as info:
+        PackageWriter(pkg).publish(1, {}, project={"name": "other", "version": "2"})
+    assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_analysis_revision_carried_set_never_decreased(pkg):
+    writer = PackageWriter(pkg)
+    assert writer.publish(1, {})["analysis_revision"] == 1
+    assert writer.publish(2, {}, analysis_revision=2)["analysis_revision"] == 2
+    assert writer.publish(3, {})["analysis_revision"] == 2
+    with pytest.raises(VianoError) as info:
+        writer.publish(4, {}, analysis_revision=1)
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert pkg.current_generation() == 4
+
+
+def test_artifact_pointers(pkg):
+    writer = PackageWriter(pkg)
+    m = writer.publish(1, {"case/revisions/0001/case.json": b"{}\n"}, artifacts={"case": "case/revisions/0001/case.json"})
+    assert m["artifacts"] == {"case": "case/revisions/0001/case.json"}
+    with pytest.raises(VianoError) as info:
+        writer.publish(2, {}, artifacts={"case_summary": "case/revisions/0001/case_summary.md"})
+    assert info.value.code == "REFERENCE_MISSING"
+    with pytest.raises(VianoError) as info:
+        writer.publish(2, {}, artifacts={"bogus": "original/report.data"})
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert writer.publish(2, {}, artifacts={"case": None})["artifacts"] == {}
+    assert pkg.current_generation() == 3
+
+
+def test_content_conflict_and_identical_bytes(pkg):
+    writer = PackageWriter(pkg)
+    before = snapshot(pkg.dir)
+    # A path already in the manifest: different bytes refused, nothing written.
+    with pytest.raises(VianoError) as info:
+        writer.publish(1, {"original/report.data": b"report v2\n", "original/other": b"o"})
+    assert info.value.code == "CONTENT_CONFLICT" and info.value.path == "original/report.data"
+    assert snapshot(pkg.dir) == before
+    # Identical bytes are accepted and the file is untouched.
+    m = writer.publish(1, {"original/report.data": b"report v1\n"})
+    assert m["files"] == pkg.manifest(1)["files"]
+    # A file on disk that no manifest names (e.g. left by a crashed writer):
+    # identical bytes are adopted, different bytes refused.
+    orphan = pkg.content_dir / "original" / "orphan.bin"
+    orphan.write_bytes(b"orphan")
+    with pytest.raises(VianoError) as info:
+        writer.publish(2, {"original/orphan.bin": b"other"})
+    assert info.value.code == "CONTENT_CONFLICT"
+    assert orphan.read_bytes() == b"orphan"
+    m = writer.publish(2, {"original/orphan.bin": b"orphan"})
+    assert m["files"]["original/orphan.bin"] == {"sha256": sha(b"orphan"), "size": 6}
+
+
+def test_file_where_directory_needed_is_a_conflict(pkg):
+    with pytest.raises(VianoError) as info:
+        PackageWriter(pkg).publish(1, {"original/report.data/x": b"x"})
+    assert info.value.code == "CONTENT_CONFLICT"
+
+
+def test_publish_refuses_unsafe_paths(pkg):
+    before = snapshot(pkg.dir)
+    for bad in ("../escape", "/abs", "a\\b", "original/.tmp-1-0123456789abcdef"):
+        with pytest.raises(VianoError) as info:
+            PackageWriter(pkg).publish(1, {bad: b"x"})
+        assert info.value.code == "REFERENCE_UNSAFE"
+    assert snapshot(pkg.dir) == before
+
+
+def test_publish_never_follows_symlinked_content_dirs(pkg, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, pkg.content_dir / "evil")
+    with pytest.raises(VianoError) as info:
+        PackageWriter(pkg).publish(1, {"evil/x.txt": b"x"})
+    assert info.value.code == "REFERENCE_UNSAFE"
+    assert list(outside.iterdir()) == []
+
+
+def test_path_sources_are_streamed_and_hashed(pkg, tmp_path):
+    big = tmp_path / "runtime.bin"
+    data = os.urandom(1 << 20) * 2 + b"tail"
+    big.write_bytes(data)
+    seen = []
+    m = PackageWriter(pkg).publish(1, {"original/runtime.bin": big}, progress=lambda path, done: seen.append((path, done)))
+    assert m["files"]["original/runtime.bin"] == {"sha256": sha(data), "size": len(data)}
+    assert (pkg.content_dir / "original" / "runtime.bin").read_bytes() == data
+    assert [done for _, done in seen] == [1 << 20, 2 << 20, len(data)]  # 1 MiB chunks, hashed once
+    assert pkg.verify_file("original/runtime.bin") == (sha(data), len(data))
+
+
+def test_path_source_must_be_a_regular_file(pkg, tmp_path):
+    os.symlink(tmp_path, tmp_path / "link")
+    for source, code in ((tmp_path / "missing", "SOURCE_NOT_FOUND"), (tmp_path / "link", "SOURCE_SPECIAL_FILE"), (tmp_path, "SOURCE_SPECIAL_FILE")):
+        with pytest.raises(VianoError) as info:
+            PackageWriter(pkg).publish(1, {"x": source})
+        assert info.value.code == code
+    assert temps(pkg.dir) == []
+
+
+# ---------------------------------------------------------------- reading
+
+
+def test_read_verified(pkg):
+    assert pkg.read_verified("original/report.data", 100) == b"report v1\n"
+    assert pkg.verify_file("original/report.data") == (sha(b"report v1\n"), 10)
+    with pytest.raises(VianoError) as info:
+        pkg.read_verified("original/report.data", 5)
+    assert info.value.code == "LIMIT_EXCEEDED"
+
+
+def test_read_refuses_paths_not_in_manifest(pkg):
+    (pkg.content_dir / "original" / "stray").write_bytes(b"stray")
+    for ref in ("original/stray", "original/REPORT.DATA", "nope"):
+        with pytest.raises(VianoError) as info:
+            pkg.read_verified(ref, 100)
+        assert info.value.code == "REFERENCE_MISSING"
+    with pytest.raises(VianoError) as info:
+        pkg.read_verified("../pkg-1/content/original/report.data", 100)
+    assert info.value.code == "REFERENCE_UNSAFE"
+
+
+@pytest.mark.parametrize("tampered", [b"report v2\n", b"report v1\nmore", b"rep"])
+def test_tampered_content_is_integrity_error(pkg, tampered):
+    target = pkg.content_dir / "original" / "report.data"
+    target.chmod(0o644)
+    target.write_bytes(tampered)
+    with pytest.raises(VianoError) as info:
+        pkg.read_verified("original/report.data", 100)
+    assert info.value.code == "INTEGRITY_ERROR" and info.value.path == "original/report.data"
+    with pytest.raises(VianoError) as info:
+        pkg.verify_file("original/report.data")
+    assert info.value.code == "INTEGRITY_ERROR"
+
+
+def test_symlinked_component_is_unsafe(pkg, tmp_path):
+    real = pkg.content_dir / "original"
+    moved = tmp_path / "moved"
+    real.rename(moved)
+    os.symlink(moved, real)  # same bytes, reached through a symlink
+    with pytest.raises(VianoError) as info:
+        pkg.read_verified("original/report.data", 100)
+    assert info.value.code == "REFERENCE_UNSAFE"
+    with pytest.raises(VianoError) as info:
+        pkg.verify_file("original/report.data")
+    assert info.value.code == "REFERENCE_UNSAFE"
+
+
+def test_symlinked_file_is_unsafe(pkg):
+    target = pkg.content_dir / "original" / "report.data"
+    copy = pkg.content_dir / "copy"
+    copy.write_bytes(target.read_bytes())
+    target.unlink()
+    os.symlink(copy, target)
+    with pytest.raises(VianoError) as info:
+        pkg.read_verified("original/report.data", 100)
+    assert info.value.code == "REFERENCE_UNSAFE"
+
+
+# ---------------------------------------------------------------- corrupt manifests
+
+
+def _fresh(pkg: Package) -> Package:
+    return Package(pkg.workspace, pkg.case_id, pkg.package_id)  # no cache
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda data: data[: len(data) // 2],  # truncated
+        lambda data: b"",
+        lambda data: data + b"{}",  # trailing data
+        lambda data: b"\xef\xbb\xbf" + data,
+        lambda data: data.replace(b'"package_generation": 2', b'"package_generation": 7'),
+        lambda data: data.replace(b'"case_id": "case-1"', b'"case_id": "case-2"'),
+        lambda data: data.replace(b'"format_version": 1', b'"format_version": 2'),
+        lambda data: data.replace(b'"files": {', b'"extra": 1, "files": {'),
+        lambda data: data.replace(b'"size": 10', b'"size": -1'),
+        lambda data: data.replace(b'"size": 10', b'"size": 10, "size": 10'),
+        lambda data: data.replace(b'"original/report.data"', b'"../report.data"'),
+    ],
+)
+def test_corrupt_current_manifest_is_integrity_error(pkg, mutate):
+    PackageWriter(pkg).publish(1, {"b": b"b"})
+    path = pkg.manifests_dir / "000002.json"
+    data = path.read_bytes()
+    changed = mutate(data)
+    assert changed != data
+    path.chmod(0o644)
+    path.write_bytes(changed)
+    fresh = _fresh(pkg)
+    assert fresh.current_generation() == 2  # never a silent fallback to generation 1
+    with pytest.raises(VianoError) as info:
+        fresh.manifest()
+    assert info.value.code == "INTEGRITY_ERROR"
+    assert info.value.path == "manifests/000002.json"
+    with pytest.raises(VianoError) as info:
+        PackageWriter(fresh).publish(2, {"c": b"c"})
+    assert info.value.code == "INTEGRITY_ERROR"
+    assert fresh.manifest(1) == pkg.manifest(1)
+
+
+def test_generation_gap_is_integrity_error(pkg):
+    (pkg.manifests_dir / "000003.json").write_bytes((pkg.manifests_dir / "000001.json").read_bytes())
+    with pytest.raises(VianoError) as info:
+        _fresh(pkg).current_generation()
+    assert info.value.code == "INTEGRITY_ERROR"
+
+
+def test_missing_generation(pkg, ws):
+    with pytest.raises(VianoError) as info:
+        pkg.manifest(2)
+    assert info.value.code == "MANIFEST_MISSING"
+    empty = Package(ws, "case-1", "nothing")
+    assert empty.current_generation() == 0
+    with pytest.raises(VianoError) as info:
+        empty.manifest()
+    assert info.value.code == "MANIFEST_MISSING"
+
+
+def test_schema_violation_from_contracts_becomes_integrity_error(pkg, monkeypatch):
+    calls = []
+
+    def validate(name, document, *, path=None):
+        calls.append((name, path))
+        raise VianoError("SCHEMA_VIOLATION", "bad", path=path, pointer="/project")
+
+    monkeypatch.setitem(sys.modules, "contracts", types.SimpleNamespace(validate=validate))
+    with pytest.raises(VianoError) as info:
+        _fresh(pkg).manifest()
+    assert info.value.code == "INTEGRITY_ERROR" and info.value.pointer == "/project"
+    assert calls == [("package-manifest", "manifests/000001.json")]
+
+
+def test_real_contracts_accept_our_manifests(pkg):
+    """When contracts/ provides the package-manifest schema, our manifests pass it."""
+    contracts = pytest.importorskip("contracts")
+    if not hasattr(contracts, "validate"):
+        pytest.skip("contracts.validate not written yet")
+    try:
+        contracts.validate("package-manifest", pkg.manifest(), path="m")
+    except KeyError:
+        pytest.skip("package-manifest schema not registered yet")
+
+
+# ---------------------------------------------------------------- durable helpers and fsync failure
+
+
+def test_write_and_copy_durable(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    assert write_durable(d, "a.json", b"{}\n") == (sha(b"{}\n"), 3)
+    assert write_durable(d, "a.json", b"{}\n") == (sha(b"{}\n"), 3)  # identical: accepted
+    with pytest.raises(VianoError) as info:
+        write_durable(d, "a.json", b"[]\n")
+    assert info.value.code == "CONTENT_CONFLICT"
+    src = tmp_path / "src"
+    src.write_bytes(b"payload")
+    assert copy_durable(d, "b", src) == (sha(b"payload"), 7)
+    with pytest.raises(VianoError) as info:
+        write_durable(d, "x/y", b"")
+    assert info.value.code == "REFERENCE_UNSAFE"
+    assert sorted(os.listdir(d)) == ["a.json", "b"]
+    assert (d / "a.json").read_bytes() == b"{}\n"
+
+
+def test_fsync_failure_is_io_error_for_every_fsync(ws, monkeypatch):
+    """SQLite-style: fail the N-th fsync for N = 1, 2, ... until publish gets through."""
+    real_fsync = os.fsync
+    files = {"original/new.txt": b"new", "inputs/2/case-inputs.json": b"{}\n"}
+    n = 0
+    while True:
+        n += 1
+        assert n < 30, "publish never completed"
+        package = Package(ws, "case-1", f"p{n}")
+        PackageWriter(package).publish(0, {"original/report.data": b"v1"}, project=PROJECT, analysis_revision=1)
+        before = snapshot(package.dir)
+        count = [0]
+
+        def failing_fsync(fd, _n=n):
+            count[0] += 1
+            if count[0] == _n:
+                raise OSError(errno.EIO, "injected EIO")
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", failing_fsync)
+        try:
+            manifest = PackageWriter(package).publish(1, files)
+        except VianoError as exc:
+            failed = exc
+        else:
+            failed = None
+        finally:
+            monkeypatch.setattr(os, "fsync", real_fsync)
+        if failed is None:
+            assert count[0] < n  # no injected failure was reached
+            assert manifest["package_generation"] == 2
+            break
+        assert failed.code == "IO_ERROR"
+        assert count[0] == n  # the failed fsync was the last one: never retried
+        assert temps(package.dir) == []
+        after = snapshot(package.dir)
+        for path, data in before.items():
+            assert after[path] == data  # earlier files byte-identical
+        fresh = _fresh(package)
+        if fresh.current_generation() == 2:
+            # Only the directory fsync after the manifest link can fail this late.
+            assert "visible" in failed.message
+            assert fresh.manifest()["files"]["original/new.txt"]["sha256"] == sha(b"new")
+        else:
+            assert fresh.current_generation() == 1
+            assert PackageWriter(fresh).publish(1, files)["package_generation"] == 2  # a retry succeeds
+    assert n >= 5  # content files, their directories and the manifest were all exercised
+
+
+# ---------------------------------------------------------------- orphan cleanup
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(proc.stdout)
+
+
+def test_cleanup_orphans_removes_only_dead_writers_temps(pkg):
+    dead = _dead_pid()
+    orphan = pkg.manifests_dir / f".tmp-{dead}-0123456789abcdef"
+    orphan.write_bytes(b'{"partial')
+    content_orphan = pkg.content_dir / "original" / f".tmp-{dead}-fedcba9876543210"
+    content_orphan.write_bytes(b"half")
+    live = pkg.manifests_dir / f".tmp-{os.getpid()}-0123456789abcdef"
+    live.write_bytes(b"in progress")
+    other = pkg.manifests_dir / ".tmp-not-ours"
+    other.write_bytes(b"x")
+    assert PackageWriter(pkg).cleanup_orphans() == sorted(
+        [f"manifests/{orphan.name}", f"content/original/{content_orphan.name}"]
+    )
+    assert not orphan.exists() and not content_orphan.exists()
+    assert live.exists() and other.exists()
+
+
+# ---------------------------------------------------------------- races between real processes
+
+
+def test_two_processes_race_for_each_generation(pkg, tmp_path):
+    rounds = 20
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    gen1 = (pkg.manifests_dir / "000001.json").read_bytes()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(PROCS / "race_writer.py"), str(pkg.workspace.root), pkg.case_id, pkg.package_id, who, str(rounds), str(sync)]
+        )
+        for who in ("A", "B")
+    ]
+    winners = {}
+    try:
+        time.sleep(0.3)  # both interpreters are up and spinning before round 1
+        for rnd in range(1, rounds + 1):
+            (sync / f"go-{rnd}").touch()
+            deadline = time.monotonic() + 30
+            reports = {}
+            while len(reports) < 2:
+                for who in ("A", "B"):
+                    path = sync / f"res-{rnd}-{who}.json"
+                    if who not in reports and path.exists():
+                        reports[who] = json.loads(path.read_text())
+                for proc in procs:
+                    assert proc.poll() in (None, 0), "a racer died"
+                assert time.monotonic() < deadline, f"round {rnd} did not finish"
+                time.sleep(0.001)
+            outcomes = sorted(r["outcome"] for r in reports.values())
+            assert outcomes == ["GENERATION_CONFLICT", "won"], (rnd, reports)
+            (winner,) = [who for who, r in reports.items() if r["outcome"] == "won"]
+            winners[rnd] = (winner, reports[winner]["manifest"])
+    finally:
+        for proc in procs:
+            if proc.wait(timeout=30) != 0:
+                proc.kill()
+    assert [p.returncode for p in procs] == [0, 0]
+    assert pkg.current_generation() == rounds + 1
+    names = sorted(os.listdir(pkg.manifests_dir))
+    assert names == [f"{g:06d}.json" for g in range(1, rounds + 2)]  # no temp, no partial manifest
+    assert (pkg.manifests_dir / "000001.json").read_bytes() == gen1
+    final = _fresh(pkg).manifest()
+    for rnd, (winner, manifest) in winners.items():
+        stored = (pkg.manifests_dir / f"{rnd + 1:06d}.json").read_bytes()
+        assert stored == pretty_bytes(manifest)  # exactly the winner's manifest, unchanged since
+        loser = "B" if winner == "A" else "A"
+        assert f"round{rnd}/{winner}.bin" in final["files"]
+        assert f"round{rnd}/{loser}.bin" not in final["files"]
+    assert temps(pkg.dir) == []
+
+
+# ---------------------------------------------------------------- crashes of a real child process
+
+
+CRASH_FILES = {"inputs/2/case-inputs.json": '{"format": "viano-case-inputs"}\n', "original/added.txt": "added\n"}
+
+
+def _crash_child(pkg: Package, point: str | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("VIANO_CRASH_AT", None)
+    if point:
+        env["VIANO_CRASH_AT"] = point
+    return subprocess.run(
+        [sys.executable, str(PROCS / "crash_publish.py"), str(pkg.workspace.root), pkg.case_id, pkg.package_id, "1", json.dumps(CRASH_FILES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("point", ["publish:after-content", "publish:after-manifest-temp", "publish:after-manifest-link"])
+def test_crash_at_each_publish_point(pkg, point):
+    files = {path: text.encode() for path, text in CRASH_FILES.items()}
+    artifacts = {"case_inputs": "inputs/2/case-inputs.json"}
+    before = snapshot(pkg.dir)
+    proc = _crash_child(pkg, point)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    after = snapshot(pkg.dir)
+    for path, data in before.items():
+        assert after[path] == data  # earlier generation byte-identical
+    fresh = _fresh(pkg)
+    writer = PackageWriter(fresh)
+    if point == "publish:after-manifest-link":
+        # The generation is published; the temp (a second name of it) is left.
+        assert fresh.current_generation() == 2
+        assert len(temps(pkg.manifests_dir)) == 1
+        with pytest.raises(VianoError) as info:
+            writer.publish(1, files, artifacts=artifacts)
+        assert info.value.code == "GENERATION_CONFLICT"
+        assert "at generation 2" in info.value.message
+        adopted = writer.publish(1, files, artifacts=artifacts, accept_identical=True)
+        assert adopted == fresh.manifest(2)
+        # A different request is still refused even when adoption is allowed.
+        with pytest.raises(VianoError) as info:
+            writer.publish(1, {"original/added.txt": b"other\n"}, accept_identical=True)
+        assert info.value.code == "GENERATION_CONFLICT"
+    else:
+        assert fresh.current_generation() == 1
+        if point == "publish:after-manifest-temp":
+            assert len(temps(pkg.manifests_dir)) == 1
+        retried = writer.publish(1, files, artifacts=artifacts)  # rolls forward, adopting the content
+        assert retried["package_generation"] == 2
+    assert temps(pkg.dir) == []  # the crashed writer's temp was cleaned up
+    assert _fresh(pkg).read_verified("original/added.txt", 100) == b"added\n"
+    assert sorted(os.listdir(pkg.manifests_dir)) == ["000001.json", "000002.json"]
+    # The published generation equals what an uncrashed writer produces.
+    assert _fresh(pkg).manifest(2)["files"] == {
+        **pkg.manifest(1)["files"],
+        **{p: {"sha256": sha(b), "size": len(b)} for p, b in files.items()},
+    }
+
+
+def test_child_without_crash_point_publishes(pkg):
+    proc = _crash_child(pkg, None)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == _fresh(pkg).manifest(2)
