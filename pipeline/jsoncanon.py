@@ -44,6 +44,7 @@ _MAX_INT_DIGITS = 16  # 2**53 has 16 digits; anything longer is out of range any
 
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _ESCAPED_SURROGATE_RE = re.compile(r"\\u[dD][89a-fA-F]")
+_ARRAY_INDEX_RE = re.compile(r"0|[1-9][0-9]*", re.ASCII)
 
 
 class _Problem:
@@ -89,7 +90,7 @@ def resolve_pointer(document: Any, pointer: str) -> Any:
                 raise KeyError(pointer)
             current = current[token]
         elif isinstance(current, list):
-            if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
+            if not _ARRAY_INDEX_RE.fullmatch(token):
                 raise KeyError(pointer)
             index = int(token)
             if index >= len(current):

@@ -212,8 +212,17 @@ class CheckpointStore:
 
     def _ensure_schema(self) -> None:
         conn = self._conn
+        # Fast path without a write lock, so opening never waits for a busy writer.
+        has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+        if has_meta:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is not None and row[0] == str(SCHEMA_VERSION):
+                return
         conn.execute("BEGIN IMMEDIATE")
         try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "meta" not in tables and tables & {"cases", "checkpoints"}:
+                raise IntegrityError("INTEGRITY_ERROR", "checkpoint store has tables but no schema version: not ours")
             # executescript() would COMMIT our BEGIN IMMEDIATE; run statement by statement.
             # (Trigger bodies hold "; END", never ";\n", so this split keeps them whole.)
             for statement in _SCHEMA.split(";\n"):
@@ -472,7 +481,7 @@ class CheckpointStore:
                 if state == "BLOCKED":
                     blocked_json, prior_state = json.dumps(rec.blocked, sort_keys=True), rec.blocked["prior_state"]
             elif transition == "reopen":
-                if not (state == "COMPLETED" or (state == "BUILDING_CASE" and rec.case_built)):
+                if not (state == "COMPLETED" or (state == "BUILDING_CASE")):
                     raise illegal("" if state != "BUILDING_CASE" else " before a case is built")
                 if new_generation is not None:
                     if new_generation < generation:

@@ -7,12 +7,15 @@ the size/count limits from manifest sizes before anything is parsed, and
 derives the request hash and step id (ARCHITECTURE.md section 5). The result
 is plain JSON so it can be cached and handed to the other tasks.
 
-Inventory rule (decided here, documented in the README): the effective role
-inventory is the ordered union of the prior case's role inventory and the
-roles of every index in generation order; a path counts at its first
-appearance. A returning index may therefore list only new documents; earlier
-ones are inherited, hash-checked against the manifest and re-read from their
-immutable originals.
+Inventory rule (seed 001; decided details in the README): the effective role
+inventory is the prior case's role inventory (inherited, hash-checked against
+the manifest and re-read from the immutable originals) followed by the roles
+of the *current* index (the manifest's ``artifacts.case_inputs``); a path
+counts at its first appearance. A returning index after a reopen may thus
+list only new documents. Within one revision, a newer index supersedes the
+older ones, which is how a corrected append resumes a build that failed on a
+bad document: the bad file stays preserved (unclassified) but is no longer a
+report. Every index the package has had is still listed in ``index_history``.
 """
 
 from __future__ import annotations
@@ -150,7 +153,8 @@ def plan_from_manifests(
                     )
                 take(role, path, prior_path, "")
 
-    for index_path in history:
+    current = snapshot.get("artifacts", {}).get("case_inputs")
+    for index_path in [current] if current else []:
         index = indexes[index_path]
         for role, prefix, listed in _index_roles(index):
             seen: set[str] = set()
@@ -170,7 +174,7 @@ def plan_from_manifests(
     contracts = {role: contract for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result"))}
     documents = []
     seq = 0
-    structured_bytes = sum(files[p]["size"] for p in history)
+    structured_bytes = files[current]["size"] if current else 0
     for path, role in role_of.items():
         if role in contracts:
             documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq})
@@ -186,15 +190,15 @@ def plan_from_manifests(
             documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq})
             seq += 1
 
-    for path in history:
-        if files[path]["size"] > limits.document_bytes:
-            raise CaseBuildError("LIMIT_EXCEEDED", f"index is {files[path]['size']} bytes, limit {limits.document_bytes}", path=path)
+    if current and files[current]["size"] > limits.document_bytes:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"index is {files[current]['size']} bytes, limit {limits.document_bytes}", path=current)
     for doc in documents:
         if doc["size"] > limits.document_bytes:
             raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
         structured_bytes += doc["size"]
-    if len(documents) + len(history) > limits.documents:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{len(documents) + len(history)} structured documents, limit {limits.documents}")
+    counted = len(documents) + (1 if current else 0)
+    if counted > limits.documents:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}")
     if structured_bytes > limits.aggregate_bytes:
         raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}")
 
@@ -229,7 +233,7 @@ def plan_from_manifests(
         "step_id": step_id_for(revision),
         "outputs": case_paths_for(revision),
         "request_hash": request_hash,
-        "index": _ref(history[-1], files) if history else None,
+        "index": _ref(current, files) if current else None,
         "index_history": [_ref(p, files) for p in history],
         "roles": {role: [_ref(p, files) for p in paths] for role, paths in sorted(ordered.items())},
         "documents": documents,
@@ -251,10 +255,11 @@ def make_plan(package, snapshot_generation: int, limits: CaseBuilderLimits, *, r
     indexes: dict[str, dict] = {}
     for manifest in manifests:
         path = manifest.get("artifacts", {}).get("case_inputs")
-        if path and path not in indexes:
-            if path not in snapshot["files"]:
-                raise CaseBuildError("REFERENCE_MISSING", "the manifest's case_inputs is not in the package", path=path)
-            indexes[path] = read_index(path, snapshot)
+        if path and path not in snapshot["files"]:
+            raise CaseBuildError("REFERENCE_MISSING", "the manifest's case_inputs is not in the package", path=path)
+    current = snapshot.get("artifacts", {}).get("case_inputs")
+    if current:
+        indexes[current] = read_index(current, snapshot)
     prior = None
     prior_path = snapshot.get("artifacts", {}).get("case")
     if prior_path:

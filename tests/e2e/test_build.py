@@ -175,19 +175,23 @@ def test_deleting_cache_changes_no_output(admitted):
 
 def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
     ws = admitted
-    # append before the first build: only the new report is listed
+    # append before the first build: there is no prior case to inherit from,
+    # so the returning index lists everything it wants built
     extra = kit.make_append(
         tmp_path / "app1",
         files={"original/report-c.json": kit.report("Third", observations=[{"text": "Third look"}])},
-        index=kit.index(reports=["original/report-c.json"]),
+        index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/report-c.json"],
+                        reproductions=["original/repro.json"], database=["original/db.sql"]),
     )
     result = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
     assert result.returncode == 0, result.stderr
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     first = _case(ws)
     by_key = {(s["provenance"]["source"], s["provenance"]["pointer"]): s["id"] for s in first["human_observations"]["observations"]}
-    assert by_key[("original/report-c.json", "/observations/0")] == "O0005"
-    # now the case is confirmed: append needs a reopen
+    assert by_key[("original/report-c.json", "/observations/0")] == "O0004"
+    assert by_key[("original/repro.json", "/observations/0")] == "O0005"
+    # now the case is confirmed: append needs a reopen; after it, the returning
+    # index lists only the new report and inherits the rest from the prior case
     extra2 = kit.make_append(
         tmp_path / "app2",
         files={"original/report-d.json": kit.report("Fourth", observations=[{"text": "Fourth look"}])},
@@ -243,3 +247,28 @@ def test_bad_variables_are_one_line_errors_and_change_nothing(admitted, args, co
     lines = [line for line in result.stderr.splitlines() if re.match(r"^[A-Z_]+: ", line)]
     assert len(lines) == 1 and lines[0].startswith(code + ": "), result.stderr
     assert kit.tree_digest(ws, skip_cache=False) == before
+
+
+def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    (source / "original" / "report-b.json").write_bytes(b'{"format":"viano-bug-report","format_version":1,"title":"x","title":"y"}')
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws / "cases")
+    failed = kit.doit("build", "case=c1", workspace=ws)
+    assert failed.returncode != 0
+    assert "JSON_DUPLICATE_KEY: duplicate key 'title' (original/report-b.json#/title)" in failed.stderr
+    assert kit.tree_digest(ws / "cases") == before
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert "state: BUILDING_CASE" in status.stdout  # the start checkpoint is kept
+    fix = kit.make_append(
+        tmp_path / "fix",
+        files={"original/report-b2.json": kit.report("Corrected", observations=[{"text": "Fixed"}])},
+        index=kit.index(reports=["original/report-a.json", "original/report-b2.json"], reproductions=["original/repro.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={fix}", workspace=ws).returncode == 0
+    resumed = kit.doit("build", "case=c1", workspace=ws)
+    assert resumed.returncode == 0, resumed.stderr
+    case = _case(ws)
+    assert "original/report-b.json" in [r["path"] for r in case["inputs"]["unclassified"]]
+    assert [r["path"] for r in case["inputs"]["index_history"]] == ["original/case-inputs.json", "inputs/2/case-inputs.json"]

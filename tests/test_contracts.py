@@ -1,0 +1,494 @@
+"""contracts/: bundled schemas, the offline registry, validate(), and Struct parity.
+
+The document strategies here are driven by the schemas themselves (every
+keyword our contracts use), so a new field in a schema is generated, mutated
+and parity-checked without touching this file. ``tests/test_reader.py`` reuses
+them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import urllib.request
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+import contracts
+from contracts.structs import MAX_SAFE_INTEGER, STRUCTS, is_date_time
+from pipeline.errors import AdmissionError, CaseBuildError
+
+INPUT_CONTRACTS = (
+    "package-source",
+    "package-manifest",
+    "case-inputs",
+    "bug-report",
+    "reproduction",
+    "research-request",
+    "research-result",
+)
+
+# -- schema-driven document strategies --------------------------------------
+
+_DATE_TIMES_VALID = st.builds(
+    lambda y, mo, d, h, mi, s, frac, zone, t: f"{y:04d}-{mo:02d}-{d:02d}{t}{h:02d}:{mi:02d}:{s:02d}{frac}{zone}",
+    st.integers(1, 2100),
+    st.integers(1, 12),
+    st.integers(1, 28),
+    st.integers(0, 23),
+    st.integers(0, 59),
+    st.integers(0, 59),
+    st.sampled_from(["", ".5", ".123456"]),
+    st.sampled_from(["Z", "z", "+02:00", "-05:30", "+00:00"]),
+    st.sampled_from(["T", "t"]),
+)
+#: Near misses: naive, impossible days, year 0, bad offsets, space separator, newline.
+DATE_TIMES_ANY = st.one_of(
+    _DATE_TIMES_VALID,
+    st.builds(
+        lambda y, mo, d, sep, zone, tail: f"{y}-{mo:02d}-{d:02d}{sep}10:00:00{zone}{tail}",
+        st.sampled_from(["0000", "2023", "2024", "1900", "2000", "99999"]),
+        st.integers(0, 13),
+        st.integers(0, 32),
+        st.sampled_from(["T", "t", " ", "_"]),
+        st.sampled_from(["", "Z", "+02:00", "+24:00", "+02", "-23:59", "+0200"]),
+        st.sampled_from(["", "", "\n", " "]),
+    ),
+)
+
+_TEXT = st.text(
+    st.characters(blacklist_categories=("Cs",), max_codepoint=0x2FFFF)
+    | st.sampled_from([":", '"', "\\", "/", "~", "\u00e9", "\u6e29", "\u2028", "\x00", "\x1f"]),
+    max_size=12,
+)
+_BLANKISH = st.sampled_from(["", " ", "\t\n", "\u00a0", "\u3000", "x", " x ", "\u200b"])
+_HEX = st.text("0123456789abcdef", min_size=64, max_size=64)
+_SAFE_INT = st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+
+#: Arbitrary JSON as decode_strict can return it (safe integers, finite floats).
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | _SAFE_INT | st.floats(allow_nan=False, allow_infinity=False) | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+class _Schema:
+    """A subschema plus the resolver to follow its ``$ref``s in the bundled registry."""
+
+    def __init__(self, contents, resolver):
+        self.contents = contents
+        self.resolver = resolver
+
+    def deref(self) -> "_Schema":
+        node = self
+        while isinstance(node.contents, dict) and "$ref" in node.contents:
+            resolved = node.resolver.lookup(node.contents["$ref"])
+            node = _Schema(resolved.contents, resolved.resolver)
+        return node
+
+    def sub(self, contents) -> "_Schema":
+        return _Schema(contents, self.resolver)
+
+
+def root_schema(name: str) -> _Schema:
+    resolver = contracts.REGISTRY.resolver(base_uri=contracts.SCHEMA_IDS[name])
+    resolved = resolver.lookup(contracts.SCHEMA_IDS[name])
+    return _Schema(resolved.contents, resolved.resolver)
+
+
+def _string_for(schema: dict, draw):
+    if schema.get("format") == "date-time":
+        return draw(_DATE_TIMES_VALID)
+    if schema.get("minLength") == 64:
+        return draw(_HEX)
+    if schema.get("pattern") == "\\S":
+        return draw(_TEXT.filter(lambda s: s.strip() and any(not c.isspace() for c in s)) | st.just("text"))
+    return draw(_TEXT.filter(bool) | st.just("original/a.json"))
+
+
+def valid_value(node: _Schema, draw, depth: int = 0):
+    """Draw a value that ``node`` accepts (only the keywords our contracts use)."""
+    node = node.deref()
+    schema = node.contents
+    if schema is True:
+        return draw(JSON_VALUES)
+    if "const" in schema:
+        return copy.deepcopy(schema["const"])
+    if "enum" in schema:
+        return draw(st.sampled_from(schema["enum"]))
+    if "anyOf" in schema:
+        return valid_value(node.sub(draw(st.sampled_from(schema["anyOf"]))), draw, depth)
+    kind = schema.get("type")
+    if kind == "object":
+        out = {}
+        props = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        for key, sub in props.items():
+            if key in required or draw(st.booleans()):
+                out[key] = valid_value(node.sub(sub), draw, depth + 1)
+        extra = schema.get("additionalProperties", True)
+        if isinstance(extra, dict):
+            for _ in range(draw(st.integers(0, 2))):
+                out[draw(_TEXT.filter(bool))] = valid_value(node.sub(extra), draw, depth + 1)
+        elif extra is True and depth == 0 and draw(st.booleans()):
+            out["x-extension"] = draw(JSON_VALUES)
+        return out
+    if kind == "array":
+        return [valid_value(node.sub(schema["items"]), draw, depth + 1) for _ in range(draw(st.integers(0, 2)))]
+    if kind == "string":
+        return _string_for(schema, draw)
+    if kind == "integer":
+        return draw(st.integers(schema.get("minimum", -MAX_SAFE_INTEGER), schema.get("maximum", MAX_SAFE_INTEGER)))
+    if kind == "boolean":
+        return draw(st.booleans())
+    raise AssertionError(f"strategy does not know {schema!r}")
+
+
+def _locations(value, parts=()):
+    yield parts, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _locations(item, parts + (key,))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _locations(item, parts + (index,))
+
+
+_REPLACEMENTS = st.one_of(
+    st.sampled_from([None, True, False, 0, -1, 1, 1.0, 2.5, "", " ", "\u00a0", [], {}, 2**53 - 1, "x"]),
+    DATE_TIMES_ANY,
+    _BLANKISH,
+    JSON_VALUES,
+)
+
+
+def mutate(document, draw):
+    """One structural mutation at a random place: drop, replace, add unknown, append."""
+    document = copy.deepcopy(document)
+    places = list(_locations(document))
+    parts, target = draw(st.sampled_from(places))
+    action = draw(st.sampled_from(["drop", "replace", "unknown", "append"]))
+    if not parts:
+        if isinstance(document, dict) and action == "unknown":
+            document["zz"] = draw(JSON_VALUES)
+            return document
+        return draw(_REPLACEMENTS)
+    parent = document
+    for part in parts[:-1]:
+        parent = parent[part]
+    last = parts[-1]
+    if action == "drop":
+        del parent[last]
+    elif action == "replace":
+        parent[last] = draw(_REPLACEMENTS)
+    elif action == "unknown" and isinstance(target, dict):
+        target[draw(st.sampled_from(["zz", "Text", "text ", "claim", "value"]))] = draw(_REPLACEMENTS)
+    elif action == "append" and isinstance(target, list):
+        target.append(draw(_REPLACEMENTS))
+    else:
+        parent[last] = draw(_REPLACEMENTS)
+    return document
+
+
+@st.composite
+def valid_documents(draw, names=INPUT_CONTRACTS):
+    name = draw(st.sampled_from(names))
+    return name, valid_value(root_schema(name), draw)
+
+
+@st.composite
+def any_documents(draw, names=INPUT_CONTRACTS):
+    """Valid documents, and documents with one to three mutations."""
+    name, document = draw(valid_documents(names))
+    for _ in range(draw(st.integers(0, 3))):
+        document = mutate(document, draw)
+    return name, document
+
+
+def schema_accepts(name: str, document) -> bool:
+    try:
+        contracts.validate(name, document)
+    except CaseBuildError as exc:
+        assert exc.code in {"SCHEMA_VIOLATION", "UNSUPPORTED_VERSION"}
+        return False
+    return True
+
+
+def struct_accepts(name: str, document) -> bool:
+    try:
+        msgspec.convert(document, STRUCTS[name])
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+# -- the bundle and the registry --------------------------------------------
+
+
+def test_every_contract_is_bundled_with_its_urn_and_draft_2020_12():
+    assert set(INPUT_CONTRACTS) <= set(contracts.SCHEMAS)
+    for name, schema in contracts.SCHEMAS.items():
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+        assert schema["$id"] == f"urn:viano:{name}-v1" == contracts.SCHEMA_IDS[name]
+        Draft202012Validator.check_schema(schema)
+        assert contracts.REGISTRY.contents(schema["$id"]) == schema
+
+
+def test_every_input_contract_has_a_struct():
+    assert set(STRUCTS) == set(INPUT_CONTRACTS)
+
+
+def test_validator_is_built_once_with_the_registry_and_format_checker():
+    first = contracts.validator("bug-report")
+    assert contracts.validator("bug-report") is first
+    assert first._registry is contracts.REGISTRY  # noqa: SLF001 - proving the wiring
+    assert "date-time" in first.format_checker.checkers
+    with pytest.raises(KeyError):
+        contracts.validator("no-such-contract")
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to reach the network fails the test, and is recorded."""
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise AssertionError(f"network access attempted: {args!r}")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    return calls
+
+
+def test_a_remote_ref_is_never_fetched(no_network):
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:viano:test-remote-v1",
+        "properties": {"x": {"$ref": "https://example.invalid/x.json"}},
+    }
+    checker = contracts.Validator(
+        schema, registry=contracts.REGISTRY, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+    with pytest.raises(CaseBuildError) as info:
+        contracts._validate_with(checker, "test-remote", {"x": 1}, path="t.json", error=CaseBuildError)  # noqa: SLF001
+    assert info.value.code == "CONTRACT_INVALID"
+    assert "example.invalid" in info.value.message
+    import referencing.exceptions
+
+    with pytest.raises(referencing.exceptions.NoSuchResource):
+        contracts.REGISTRY.get_or_retrieve("https://example.invalid/x.json")
+    assert no_network == []
+
+
+def test_bundled_contracts_resolve_all_their_refs_offline(no_network):
+    for name in contracts.SCHEMAS:
+        if name in INPUT_CONTRACTS:
+            for ref_target in json.dumps(contracts.SCHEMAS[name]).split('"$ref": "')[1:]:
+                ref = ref_target.split('"', 1)[0]
+                contracts.REGISTRY.resolver(base_uri=contracts.SCHEMA_IDS[name]).lookup(ref)
+    assert no_network == []
+
+
+# -- validate(): codes and pointers -----------------------------------------
+
+
+def _report(**extra):
+    return {"format": "viano-bug-report", "format_version": 1, **extra}
+
+
+def _error(name, document):
+    with pytest.raises(CaseBuildError) as info:
+        contracts.validate(name, document, path="in.json")
+    assert info.value.path == "in.json"
+    return info.value.code, info.value.pointer
+
+
+def test_date_time_format_is_really_checked():
+    naive = _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00"}])
+    assert _error("bug-report", naive) == ("SCHEMA_VIOLATION", "/observations/0/observed_at")
+    contracts.validate("bug-report", _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00+02:00"}]))
+    contracts.validate("bug-report", _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00Z"}]))
+    for bad in ("2024-02-30T10:00:00Z", "2024-01-01 10:00:00Z", "2024-01-01T10:00:00Z\n", "yesterday"):
+        assert _error("bug-report", _report(observations=[{"text": "x", "observed_at": bad}]))[0] == "SCHEMA_VIOLATION"
+
+
+def test_format_version_must_be_the_integer_1():
+    assert _error("bug-report", _report(format_version=1.0)) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("bug-report", _report(format_version=True)) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("bug-report", _report(format_version=2)) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("bug-report", _report(format="viano-reproduction")) == ("UNSUPPORTED_VERSION", "/format")
+    assert _error("bug-report", {"format_version": 1}) == ("UNSUPPORTED_VERSION", "/format")
+    assert _error("bug-report", {"format": "viano-bug-report"}) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("bug-report", []) == ("SCHEMA_VIOLATION", "")
+
+
+def test_integers_are_json_integers_everywhere():
+    entity = _report(entities=[{"type": "component", "id": 42.0}])
+    assert _error("bug-report", entity) == ("SCHEMA_VIOLATION", "/entities/0/id")
+    assert not struct_accepts("bug-report", entity)
+    contracts.validate("bug-report", _report(entities=[{"type": "component", "id": 42}]))
+
+
+def test_unknown_fields_top_level_of_reports_only():
+    contracts.validate("bug-report", _report(vendor_extension={"anything": [1, 2]}))
+    contracts.validate("reproduction", {"format": "viano-reproduction", "format_version": 1, "x": None})
+    nested = _report(observations=[{"text": "x", "mood": "sad"}])
+    assert _error("bug-report", nested) == ("SCHEMA_VIOLATION", "/observations/0/mood")
+    index = {"format": "viano-case-inputs", "format_version": 1, "reports": [], "extra": 1}
+    assert _error("case-inputs", index) == ("SCHEMA_VIOLATION", "/extra")
+    context = {"format": "viano-case-inputs", "format_version": 1, "context": {"logs": []}}
+    assert _error("case-inputs", context) == ("SCHEMA_VIOLATION", "/context/logs")
+
+
+def test_blank_text_and_null_optionals_are_refused():
+    assert _error("bug-report", _report(observations=[{"text": " \t\n"}])) == ("SCHEMA_VIOLATION", "/observations/0/text")
+    assert _error("bug-report", _report(title=None)) == ("SCHEMA_VIOLATION", "/title")
+    assert _error("bug-report", _report(observations=[{"text": "x", "claim": {"key": "k"}}])) == (
+        "SCHEMA_VIOLATION",
+        "/observations/0/claim",
+    )
+    contracts.validate("bug-report", _report(observations=[{"text": "x", "claim": {"key": "k", "value": None}}]))
+
+
+def test_first_error_is_chosen_deterministically_indices_numerically():
+    document = _report(observations=[{"text": "ok"}] * 10 + [{"text": ""}], comments=[{"text": " "}])
+    document["observations"][2] = {"text": 3}
+    assert _error("bug-report", document) == ("SCHEMA_VIOLATION", "/comments/0/text")
+    del document["comments"]
+    assert _error("bug-report", document) == ("SCHEMA_VIOLATION", "/observations/2/text")
+
+
+def test_validate_raises_the_callers_error_type():
+    with pytest.raises(AdmissionError) as info:
+        contracts.validate("package-source", {"format": "viano-package", "format_version": 1}, error=AdmissionError)
+    assert info.value.code == "SCHEMA_VIOLATION"
+
+
+def test_seed_examples_are_valid():
+    contracts.validate(
+        "case-inputs",
+        {
+            "format": "viano-case-inputs",
+            "format_version": 1,
+            "reports": ["original/report.data"],
+            "reproductions": ["original/reproduction.data"],
+            "context": {"runtime": ["original/runtime.bin"], "database": [], "source": [], "research": []},
+            "attachments": [],
+            "expected_research": ["research/ab/result.json"],
+        },
+    )
+    contracts.validate(
+        "bug-report",
+        {
+            "format": "viano-bug-report",
+            "format_version": 1,
+            "title": "A generic observed problem",
+            "observations": [{"text": "The switch remains off", "author": "Tester A"}],
+            "tester_hypotheses": [{"text": "Perhaps a timing issue"}],
+            "expected_behavior": [{"text": "The switch turns on"}],
+            "expected_behavior_complete": False,
+            "entities": [{"type": "component", "id": "42", "roles": ["focus"]}],
+        },
+    )
+    contracts.validate(
+        "package-source",
+        {
+            "format": "viano-package",
+            "format_version": 1,
+            "package_id": "stable-package",
+            "project": {"name": "demo", "version": "1.0"},
+            "analysis_revision": 1,
+            "artifacts": {"case_inputs": "original/case-inputs.json"},
+            "files": ["original/report.data", {"path": "original/runtime.bin", "size": 3}],
+        },
+    )
+
+
+def test_research_result_shape():
+    result = {
+        "format": "viano-research-result",
+        "format_version": 1,
+        "provider": {"name": "dir", "version": "1"},
+        "request_hash": "a" * 64,
+        "scope": "intended_behavior",
+        "status": "partial",
+        "statements": [{"text": "The switch turns on", "citations": [0]}],
+        "sources": [{"url": "https://example.org/spec", "title": "Spec", "retrieved_at": "2024-01-01T00:00:00Z", "excerpt": "on"}],
+    }
+    contracts.validate("research-result", result)
+    assert struct_accepts("research-result", result)
+    naive = copy.deepcopy(result)
+    naive["sources"][0]["retrieved_at"] = "2024-01-01T00:00:00"
+    assert _error("research-result", naive) == ("SCHEMA_VIOLATION", "/sources/0/retrieved_at")
+    assert not struct_accepts("research-result", naive)
+    assert _error("research-result", dict(result, request_hash="a" * 63 + "\n"))[1] == "/request_hash"
+
+
+# -- Struct parity ------------------------------------------------------------
+
+
+def test_is_date_time_matches_the_format_checker():
+    checker = Draft202012Validator.FORMAT_CHECKER
+    for value in ["2024-01-01T10:00:00Z", "2024-02-29T10:00:00Z", "2023-02-29T10:00:00Z", "0000-01-01T00:00:00Z",
+                  "2024-04-31T00:00:00z", "2024-12-31t23:59:59.999-23:59", "2024-01-01T10:00:00", "2024-01-01T24:00:00Z"]:
+        assert is_date_time(value) == checker.conforms(value, "date-time"), value
+
+
+@given(DATE_TIMES_ANY)
+def test_is_date_time_parity_property(value):
+    assert is_date_time(value) == (Draft202012Validator.FORMAT_CHECKER.conforms(value, "date-time") and "\n" not in value)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_documents())
+def test_generated_valid_documents_pass_schema_and_struct(case):
+    name, document = case
+    assert schema_accepts(name, document), (name, document)
+    assert struct_accepts(name, document), (name, document)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_documents())
+def test_schema_and_struct_agree_on_mutated_documents(case):
+    name, document = case
+    assert schema_accepts(name, document) == struct_accepts(name, document), (name, document)
+
+
+FIXED_PARITY = [
+    ("bug-report", _report(title="")),
+    ("bug-report", _report(title="\u3000")),
+    ("bug-report", _report(summary="\u200b")),  # zero-width space is not whitespace: nonblank
+    ("bug-report", _report(entities=[{"type": "c", "id": ""}])),
+    ("bug-report", _report(entities=[{"type": "c", "id": True}])),
+    ("bug-report", _report(entities=[{"type": "c", "id": 2**53}])),
+    ("bug-report", _report(entities=[{"type": "c", "id": -(2**53) + 1, "roles": []}])),
+    ("bug-report", _report(expected_behavior_complete=1)),
+    ("bug-report", _report(observations=[{"text": "x", "claim": {"key": "k", "value": {"deep": [[[2**60]]]}}}])),
+    ("reproduction", {"format": "viano-reproduction", "format_version": 1, "events_ref": ""}),
+    ("reproduction", {"format": "viano-reproduction", "format_version": 1, "facts": [{"name": "n"}]}),
+    ("reproduction", {"format": "viano-reproduction", "format_version": 1, "attachments": "a"}),
+    ("package-manifest", {"format": "viano-package", "format_version": 1, "case_id": "c", "package_id": "p",
+                          "package_generation": 1, "analysis_revision": 1, "project": {"name": "n", "version": "v"},
+                          "artifacts": {}, "files": {"": {"sha256": "0" * 64, "size": 0}}}),
+    ("package-manifest", {"format": "viano-package", "format_version": 1, "case_id": "c", "package_id": "p",
+                          "package_generation": 0, "analysis_revision": 1, "project": {"name": "n", "version": "v"},
+                          "artifacts": {}, "files": {}}),
+    ("package-source", {"format": "viano-package", "format_version": 1, "package_id": "p",
+                        "project": {"name": "n", "version": "v"}, "analysis_revision": 1,
+                        "files": [{"path": "a", "sha256": "A" * 64}]}),
+    ("research-request", {"format": "viano-research-request", "format_version": 1}),
+]
+
+
+@pytest.mark.parametrize("name,document", FIXED_PARITY)
+def test_schema_and_struct_agree_on_edge_cases(name, document):
+    assert schema_accepts(name, document) == struct_accepts(name, document)

@@ -1,0 +1,483 @@
+"""Tests for pipeline.lifecycle: the CheckpointStore state machine, CAS, log and corruption."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from pipeline.errors import VianoError
+from pipeline.lifecycle import STATES, TRANSITIONS, CheckpointStore
+from pipeline.workspace import Workspace
+
+PROCS = Path(__file__).parent / "procs"
+STEP1 = "case-build/v1/r1"
+BLOCK = {"code": "RESEARCH_UNAVAILABLE", "route": "research", "retry_after": 60}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = CheckpointStore(Workspace(tmp_path / "ws"))
+    yield s
+    s.close()
+
+
+def code_of(fn, *args, **kwargs) -> str:
+    with pytest.raises(VianoError) as info:
+        fn(*args, **kwargs)
+    return info.value.code
+
+
+def built_case(store, case_id="c1"):
+    """A case in BUILDING_CASE at generation 2 with a case built for revision 1."""
+    store.admit(case_id, "p1", 1)
+    store.advance(case_id, "start_build", expected_generation=1, step_id=STEP1)
+    return store.advance(
+        case_id, "case_built", expected_generation=1, step_id=STEP1, request_hash="h1", new_generation=2,
+        artifacts=["case/revisions/0001/case.json"],
+    )
+
+
+# ---------------------------------------------------------------- the happy path
+
+
+def test_full_lifecycle(store):
+    rec = store.admit("c1", "p1", 1)
+    assert (rec.state, rec.analysis_revision, rec.generation, rec.blocked, rec.case_built) == ("VALIDATED", 1, 1, None, False)
+    assert code_of(store.admit, "c1", "p1", 1) == "CASE_EXISTS"
+    store.advance("c1", "intake", expected_generation=1, new_generation=2)
+    store.advance("c1", "start_build", expected_generation=2, step_id=STEP1)
+    built = store.advance(
+        "c1", "case_built", expected_generation=2, step_id=STEP1, request_hash="h1", new_generation=3, artifacts=["a", "b"]
+    )
+    assert (built.kind, built.state, built.generation, built.artifacts) == ("complete", "BUILDING_CASE", 3, ("a", "b"))
+    assert store.get("c1").case_built
+    assert store.confirmed("c1", STEP1) == built
+    assert store.confirmed("c1", "case-build/v1/r2") is None
+    store.advance("c1", "complete", expected_generation=3)
+    assert store.get("c1").state == "COMPLETED"
+    reopened = store.advance("c1", "reopen", expected_generation=3, detail={"by": "human:ann", "reason": "new logs"})
+    assert (reopened.state, reopened.analysis_revision, reopened.detail) == ("REOPENED", 2, {"by": "human:ann", "reason": "new logs"})
+    rec = store.get("c1")
+    assert (rec.state, rec.analysis_revision, rec.case_built) == ("REOPENED", 2, False)
+    log = store.checkpoints("c1")
+    assert [c.kind for c in log] == ["admit", "intake", "start", "complete", "completed", "reopen"]
+    assert [c.seq for c in log] == sorted(c.seq for c in log)
+    assert all(c.time.endswith("+00:00") for c in log)  # wall clock lives in the log only
+    assert store.exists("c1") and not store.exists("c2")
+    assert store.case_ids() == ["c1"]
+
+
+def test_data_survives_reopening_the_store(tmp_path):
+    ws = Workspace(tmp_path)
+    with CheckpointStore(ws) as s:
+        built_case(s)
+    with CheckpointStore(ws) as s:
+        assert s.get("c1").generation == 2 and s.get("c1").case_built
+        assert len(s.checkpoints("c1")) == 3
+        assert s._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_unknown_case(store):
+    assert code_of(store.get, "nope") == "UNKNOWN_CASE"
+    assert code_of(store.advance, "nope", "start_build", expected_generation=1) == "UNKNOWN_CASE"
+    assert store.checkpoints("nope") == []
+    assert code_of(store.get, "../x") == "UNSAFE_ID"
+
+
+def test_create_false_leaves_workspace_untouched(tmp_path):
+    assert code_of(CheckpointStore, Workspace(tmp_path / "ws"), create=False) == "UNKNOWN_CASE"
+    assert not (tmp_path / "ws").exists()
+
+
+# ---------------------------------------------------------------- refusals change nothing
+
+
+def _dump(store):
+    return (store.get("c1"), store.checkpoints("c1"))
+
+
+@pytest.mark.parametrize(
+    "transition,kwargs,code",
+    [
+        ("case_built", {"step_id": STEP1, "request_hash": "h", "new_generation": 2}, "ILLEGAL_TRANSITION"),
+        ("complete", {}, "ILLEGAL_TRANSITION"),
+        ("reopen", {}, "ILLEGAL_TRANSITION"),
+        ("resume", {}, "ILLEGAL_TRANSITION"),
+        ("start_build", {}, None),
+    ],
+)
+def test_illegal_from_validated(store, transition, kwargs, code):
+    store.admit("c1", "p1", 1)
+    before = _dump(store)
+    if code is None:
+        store.advance("c1", transition, expected_generation=1, **kwargs)
+        return
+    assert code_of(store.advance, "c1", transition, expected_generation=1, **kwargs) == code
+    assert _dump(store) == before
+
+
+def test_stale_generation_changes_nothing(store):
+    store.admit("c1", "p1", 1)
+    store.advance("c1", "intake", expected_generation=1, new_generation=2)
+    before = _dump(store)
+    for transition in TRANSITIONS:
+        kwargs = {"step_id": STEP1, "request_hash": "h", "new_generation": 5} if transition in ("case_built", "intake") else {}
+        if transition == "block":
+            kwargs = {"detail": BLOCK}
+        assert code_of(store.advance, "c1", transition, expected_generation=1, **kwargs) == "STALE_GENERATION"
+    assert _dump(store) == before
+
+
+def test_bad_arguments(store):
+    store.admit("c1", "p1", 1)
+    before = _dump(store)
+    bad = [
+        ("teleport", {}),
+        ("intake", {}),  # needs new_generation
+        ("intake", {"new_generation": 1}),  # not newer
+        ("case_built", {"new_generation": 2}),  # needs step_id and request_hash
+        ("block", {}),
+        ("block", {"detail": {"code": "", "route": "r"}}),
+        ("block", {"detail": {"code": "X", "route": "r", "retry_after": -1}}),
+        ("block", {"detail": {"code": "X", "route": "r", "surprise": 1}}),
+        ("start_build", {"detail": {"x": float("nan")}}),
+    ]
+    for transition, kwargs in bad:
+        assert code_of(store.advance, "c1", transition, expected_generation=1, **kwargs) == "INVALID_ARGUMENT", transition
+    assert code_of(store.advance, "c1", "start_build", expected_generation=True) == "INVALID_ARGUMENT"
+    assert _dump(store) == before
+
+
+# ---------------------------------------------------------------- replay, reopen, block
+
+
+def test_replay_of_confirmed_case_built_with_old_generation(store):
+    built = built_case(store)
+    store.advance("c1", "intake", expected_generation=2, new_generation=3)
+    before = _dump(store)
+    again = store.advance("c1", "case_built", expected_generation=1, step_id=STEP1, request_hash="h1", new_generation=2)
+    assert again == built
+    assert _dump(store) == before
+    # A different request for the same revision is not a replay.
+    assert code_of(
+        store.advance, "c1", "case_built", expected_generation=3, step_id=STEP1, request_hash="h2", new_generation=4
+    ) == "REOPEN_REQUIRED"
+    assert code_of(
+        store.advance, "c1", "case_built", expected_generation=1, step_id=STEP1, request_hash="h2", new_generation=4
+    ) == "STALE_GENERATION"
+    assert _dump(store) == before
+
+
+def test_replay_works_in_any_later_state(store):
+    built = built_case(store)
+    store.advance("c1", "complete", expected_generation=2)
+    store.advance("c1", "reopen", expected_generation=2)
+    assert store.advance("c1", "case_built", expected_generation=1, step_id=STEP1, request_hash="h1", new_generation=2) == built
+
+
+def test_reopen_rules(store):
+    store.admit("c1", "p1", 1)
+    store.advance("c1", "start_build", expected_generation=1)
+    assert code_of(store.advance, "c1", "reopen", expected_generation=1) == "ILLEGAL_TRANSITION"  # nothing built yet
+    store.advance("c1", "case_built", expected_generation=1, step_id=STEP1, request_hash="h", new_generation=2)
+    cp = store.advance("c1", "reopen", expected_generation=2, new_generation=3)
+    assert (cp.state, cp.analysis_revision, cp.generation) == ("REOPENED", 2, 3)
+    assert code_of(store.advance, "c1", "reopen", expected_generation=3) == "ILLEGAL_TRANSITION"
+    assert code_of(store.advance, "c1", "complete", expected_generation=3) == "ILLEGAL_TRANSITION"
+    # The new revision builds again under its own step id.
+    store.advance("c1", "start_build", expected_generation=3)
+    store.advance("c1", "case_built", expected_generation=3, step_id="case-build/v1/r2", request_hash="h", new_generation=4)
+    assert store.get("c1").case_built
+
+
+def test_block_and_resume_return_to_the_state_before(store):
+    built_case(store)
+    cp = store.advance("c1", "block", expected_generation=2, detail=BLOCK)
+    assert cp.state == "BLOCKED"
+    rec = store.get("c1")
+    assert rec.blocked == {"code": "RESEARCH_UNAVAILABLE", "route": "research", "retry_after": 60, "prior_state": "BUILDING_CASE"}
+    assert code_of(store.advance, "c1", "block", expected_generation=2, detail=BLOCK) == "ILLEGAL_TRANSITION"
+    for transition in ("start_build", "complete", "reopen"):
+        assert code_of(store.advance, "c1", transition, expected_generation=2) == "ILLEGAL_TRANSITION"
+    # Intake is recorded while blocked (the package already holds that generation).
+    store.advance("c1", "intake", expected_generation=2, new_generation=3)
+    assert store.get("c1").state == "BLOCKED" and store.get("c1").blocked["prior_state"] == "BUILDING_CASE"
+    cp = store.advance("c1", "resume", expected_generation=3)
+    assert cp.state == "BUILDING_CASE"
+    rec = store.get("c1")
+    assert (rec.state, rec.blocked, rec.generation) == ("BUILDING_CASE", None, 3)
+
+
+def test_intake_refused_when_completed(store):
+    built_case(store)
+    store.advance("c1", "complete", expected_generation=2)
+    assert code_of(store.advance, "c1", "intake", expected_generation=2, new_generation=3) == "ILLEGAL_TRANSITION"
+
+
+# ---------------------------------------------------------------- storage guarantees
+
+
+def test_log_is_append_only(store):
+    built_case(store)
+    conn = sqlite3.connect(store.workspace.store_path)
+    try:
+        for sql in ("UPDATE checkpoints SET request_hash = 'forged'", "DELETE FROM checkpoints"):
+            with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+                conn.execute(sql)
+    finally:
+        conn.close()
+    assert len(store.checkpoints("c1")) == 3
+
+
+def test_busy_store_is_lock_timeout_and_changes_nothing(tmp_path):
+    ws = Workspace(tmp_path)
+    with CheckpointStore(ws) as s:
+        s.admit("c1", "p1", 1)
+    other = sqlite3.connect(ws.store_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with CheckpointStore(ws, busy_timeout=0.2) as s:
+            started = time.monotonic()
+            assert code_of(s.advance, "c1", "start_build", expected_generation=1) == "LOCK_TIMEOUT"
+            assert time.monotonic() - started >= 0.15
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    with CheckpointStore(ws) as s:
+        assert s.get("c1").state == "VALIDATED" and len(s.checkpoints("c1")) == 1
+
+
+def test_garbage_store_is_integrity_error(tmp_path):
+    ws = Workspace(tmp_path)
+    ws.store_path.write_bytes(b"this is not a database at all" * 200)
+    assert code_of(CheckpointStore, ws) == "INTEGRITY_ERROR"
+    assert ws.store_path.read_bytes() == b"this is not a database at all" * 200  # not reset
+
+
+def test_truncated_store_is_integrity_error(tmp_path):
+    ws = Workspace(tmp_path)
+    with CheckpointStore(ws) as s:
+        for i in range(40):
+            s.admit(f"c{i}", "p" * 100, 1)
+    data = ws.store_path.read_bytes()
+    assert len(data) > 8192
+    ws.store_path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(VianoError) as info:
+        with CheckpointStore(ws) as s:
+            s.case_ids()
+            s.checkpoints("c39")
+    assert info.value.code == "INTEGRITY_ERROR"
+
+
+def test_foreign_sqlite_file_is_integrity_error(tmp_path):
+    ws = Workspace(tmp_path)
+    conn = sqlite3.connect(ws.store_path)
+    conn.execute("CREATE TABLE cases (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(VianoError) as info:
+        with CheckpointStore(ws) as s:
+            s.get("c1")
+    assert info.value.code == "INTEGRITY_ERROR"
+
+
+# ---------------------------------------------------------------- races between real processes
+
+
+def test_two_processes_race_advance(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    with CheckpointStore(ws) as s:
+        s.admit("c1", "p1", 1)
+    rounds = 15
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    procs = [
+        subprocess.Popen([sys.executable, str(PROCS / "race_advance.py"), str(ws.root), "c1", who, str(rounds), str(sync)])
+        for who in ("A", "B")
+    ]
+    try:
+        time.sleep(0.3)
+        for rnd in range(1, rounds + 1):
+            (sync / f"go-{rnd}").touch()
+            deadline = time.monotonic() + 30
+            paths = [sync / f"res-{rnd}-{who}.json" for who in ("A", "B")]
+            while not all(p.exists() for p in paths):
+                assert all(p.poll() in (None, 0) for p in procs), "a racer died"
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            outcomes = sorted(json.loads(p.read_text())["outcome"] for p in paths)
+            assert outcomes == ["STALE_GENERATION", "won"], (rnd, outcomes)
+    finally:
+        for proc in procs:
+            if proc.wait(timeout=30) != 0:
+                proc.kill()
+    assert [p.returncode for p in procs] == [0, 0]
+    with CheckpointStore(ws) as s:
+        assert s.get("c1").generation == rounds + 1  # rose exactly once per round
+        intakes = [c for c in s.checkpoints("c1") if c.kind == "intake"]
+        assert [c.generation for c in intakes] == list(range(2, rounds + 2))
+
+
+# ---------------------------------------------------------------- model-based
+
+
+class Model:
+    """The lifecycle rules of ARCHITECTURE.md section 4, written independently of the store."""
+
+    def __init__(self):
+        self.cases: dict[str, dict] = {}
+
+    def admit(self, case_id):
+        if case_id in self.cases:
+            return "CASE_EXISTS"
+        self.cases[case_id] = {"state": "VALIDATED", "rev": 1, "gen": 1, "prior": None, "built": {}, "log": 1}
+        return None
+
+    def advance(self, case_id, transition, expected, step_id, request_hash, new_gen):
+        c = self.cases.get(case_id)
+        if c is None:
+            return "UNKNOWN_CASE", None
+        if transition == "case_built":
+            for rev, (sid, rh) in c["built"].items():
+                if sid == step_id and rh == request_hash:
+                    return None, ("replay", rev)
+        if expected != c["gen"]:
+            return "STALE_GENERATION", None
+        state, built_now = c["state"], c["rev"] in c["built"]
+        if transition == "start_build":
+            if state not in ("VALIDATED", "REOPENED"):
+                return "ILLEGAL_TRANSITION", None
+            c["state"] = "BUILDING_CASE"
+        elif transition == "case_built":
+            if state != "BUILDING_CASE":
+                return "ILLEGAL_TRANSITION", None
+            if built_now:
+                return "REOPEN_REQUIRED", None
+            if new_gen < c["gen"]:
+                return "INVALID_ARGUMENT", None
+            c["built"][c["rev"]] = (step_id, request_hash)
+            c["gen"] = new_gen
+        elif transition == "intake":
+            if state == "COMPLETED":
+                return "ILLEGAL_TRANSITION", None
+            if new_gen <= c["gen"]:
+                return "INVALID_ARGUMENT", None
+            c["gen"] = new_gen
+        elif transition == "reopen":
+            if not (state == "COMPLETED" or (state == "BUILDING_CASE" and built_now)):
+                return "ILLEGAL_TRANSITION", None
+            c["state"], c["rev"] = "REOPENED", c["rev"] + 1
+        elif transition == "block":
+            if state == "BLOCKED":
+                return "ILLEGAL_TRANSITION", None
+            c["prior"], c["state"] = state, "BLOCKED"
+        elif transition == "resume":
+            if state != "BLOCKED":
+                return "ILLEGAL_TRANSITION", None
+            c["state"], c["prior"] = c["prior"], None
+        elif transition == "complete":
+            if not (state == "BUILDING_CASE" and built_now):
+                return "ILLEGAL_TRANSITION", None
+            c["state"] = "COMPLETED"
+        c["log"] += 1
+        return None, None
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="viano-lifecycle-")
+        self.store = CheckpointStore(Workspace(self.dir))
+        self.model = Model()
+        self.logs: dict[str, list] = {}
+        self.replays: dict[tuple, object] = {}
+
+    def teardown(self):
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @initialize()
+    def first_case(self):
+        assert self.model.admit("a") is None
+        self.store.admit("a", "p", 1)
+
+    @rule(case_id=st.sampled_from(["a", "b"]))
+    def admit(self, case_id):
+        expected = self.model.admit(case_id)
+        if expected:
+            with pytest.raises(VianoError) as info:
+                self.store.admit(case_id, "p", 1)
+            assert info.value.code == expected
+        else:
+            assert self.store.admit(case_id, "p", 1).state == "VALIDATED"
+
+    @rule(
+        case_id=st.sampled_from(["a", "b"]),
+        transition=st.sampled_from(TRANSITIONS),
+        gen_offset=st.sampled_from([0, 0, 0, 0, -1, 1]),
+        step_rev_offset=st.sampled_from([0, 0, 0, -1]),
+        request_hash=st.sampled_from(["h1", "h2"]),
+        new_gen_offset=st.sampled_from([1, 1, 1, 0, -1]),
+    )
+    def advance(self, case_id, transition, gen_offset, step_rev_offset, request_hash, new_gen_offset):
+        c = self.model.cases.get(case_id)
+        gen = c["gen"] if c else 1
+        rev = c["rev"] if c else 1
+        expected_gen = max(0, gen + gen_offset)
+        step_id = f"case-build/v1/r{max(1, rev + step_rev_offset)}"
+        new_gen = max(0, gen + new_gen_offset)
+        kwargs = {"expected_generation": expected_gen}
+        if transition == "case_built":
+            kwargs.update(step_id=step_id, request_hash=request_hash, new_generation=new_gen)
+        elif transition == "intake":
+            kwargs.update(new_generation=new_gen)
+        elif transition == "block":
+            kwargs.update(detail=BLOCK)
+        code, replay = self.model.advance(case_id, transition, expected_gen, step_id, request_hash, new_gen)
+        if code:
+            with pytest.raises(VianoError) as info:
+                self.store.advance(case_id, transition, **kwargs)
+            assert info.value.code == code, (transition, kwargs, info.value)
+            return
+        cp = self.store.advance(case_id, transition, **kwargs)
+        if replay:
+            assert cp == self.replays[(case_id, step_id, request_hash)]
+        else:
+            assert cp.transition == transition
+            if transition == "case_built":
+                self.replays[(case_id, step_id, request_hash)] = cp
+
+    @invariant()
+    def store_matches_model(self):
+        for case_id in ("a", "b"):
+            c = self.model.cases.get(case_id)
+            if c is None:
+                assert not self.store.exists(case_id)
+                continue
+            rec = self.store.get(case_id)
+            assert rec.state in STATES
+            assert (rec.state, rec.analysis_revision, rec.generation) == (c["state"], c["rev"], c["gen"])
+            assert rec.case_built == (c["rev"] in c["built"])
+            assert (rec.blocked or {}).get("prior_state") == c["prior"]
+            log = self.store.checkpoints(case_id)
+            assert len(log) == c["log"]
+            previous = self.logs.get(case_id, [])
+            assert log[: len(previous)] == previous  # append-only: history never changes
+            self.logs[case_id] = log
+
+
+LifecycleMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_lifecycle_state_machine = LifecycleMachine.TestCase
