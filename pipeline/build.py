@@ -479,7 +479,7 @@ def report_build(workspace_root, case_id) -> None:
     sys.stdout.write(
         f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
         f"{published['case_summary']} confirmed at generation {published['generation']} "
-        f"({published['status']}; request {plan['request_hash'][:16]})\n"
+        f"(request {plan['request_hash'][:16]})\n"
     )
 
 

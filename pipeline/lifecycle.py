@@ -332,8 +332,8 @@ class CheckpointStore:
         """Record a newly admitted case in VALIDATED; ``CASE_EXISTS`` if the id is taken."""
         validate_id(case_id, "case id")
         validate_id(package_id, "package id")
-        if not _is_int(analysis_revision) or analysis_revision < 0:
-            raise _invalid("analysis_revision must be an integer >= 0")
+        if not _is_int(analysis_revision) or analysis_revision < 1:
+            raise _invalid("analysis_revision must be an integer >= 1")
         if not _is_int(generation) or generation < 1:
             raise _invalid("generation must be an integer >= 1")
 
@@ -481,7 +481,7 @@ class CheckpointStore:
                 if state == "BLOCKED":
                     blocked_json, prior_state = json.dumps(rec.blocked, sort_keys=True), rec.blocked["prior_state"]
             elif transition == "reopen":
-                if not (state == "COMPLETED" or (state == "BUILDING_CASE")):
+                if not (state == "COMPLETED" or (state == "BUILDING_CASE" and rec.case_built)):
                     raise illegal("" if state != "BUILDING_CASE" else " before a case is built")
                 if new_generation is not None:
                     if new_generation < generation:

@@ -352,8 +352,8 @@ def _problem(doc) -> tuple[str, str] | None:
             return f"/{key}", "not a safe id"
     if type(doc["package_generation"]) is not int or doc["package_generation"] < 1:
         return "/package_generation", "not a positive integer"
-    if type(doc["analysis_revision"]) is not int or doc["analysis_revision"] < 0:
-        return "/analysis_revision", "not a non-negative integer"
+    if type(doc["analysis_revision"]) is not int or doc["analysis_revision"] < 1:
+        return "/analysis_revision", "not a positive integer"
     project = doc["project"]
     if not isinstance(project, dict):
         return "/project", "not an object"

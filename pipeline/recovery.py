@@ -26,7 +26,11 @@ _CASE_BUILT_LIMIT = 1024 * 1024
 
 
 def roll_forward(store, package, case_id: str):
-    """Take in every published generation the store has not recorded yet."""
+    """Take in every published generation the store has not recorded yet, and
+    remove temp files that crashed writers left behind."""
+    from .packages import PackageWriter
+
+    PackageWriter(package).cleanup_orphans()
     record = store.get(case_id)
     current = package.current_generation()
     while record.generation < current:

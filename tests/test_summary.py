@@ -8,6 +8,7 @@ linkify and the footnote plugin (RELIABILITY.md 48-50).
 from __future__ import annotations
 
 import copy
+import json
 import re
 
 import pytest
@@ -507,7 +508,7 @@ def test_missing_required_field_is_an_error():
 HOSTILE = st.sampled_from(RELIABILITY_48_50).flatmap(lambda s: st.just(s) | TEXT.map(lambda t: s + t))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_hostile_strings_everywhere_keep_the_summary_well_formed(data):
     """Every supplied string replaced by hostile text: same layout, all inert."""
@@ -523,6 +524,9 @@ def test_hostile_strings_everywhere_keep_the_summary_well_formed(data):
     tokens = check_structure(text)
     shown = "\n".join(_inline_text(tok) for tok in _walk(tokens) if tok.type == "inline")
     for value in supplied:
-        assert visible_text(value).strip() in shown
+        # Strings inside JSON values (claims, facts, results) appear in their
+        # canonical JSON spelling.
+        as_json = json.dumps(value, ensure_ascii=False)[1:-1]
+        assert visible_text(value).strip() in shown or visible_text(as_json).strip() in shown
     # Footnote count is fixed by the case shape, not by the supplied text.
     assert FOOTNOTE_DEF.findall(text) == ["1", "2", "3"]

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Admission benchmarks (run: ``.venv/bin/python benchmarks/bench_admit.py [--size-mib N]``).
+
+(a) One large context file (default 1 GiB) in a directory package: admission
+    throughput against ``hashlib.file_digest(f, "sha256")`` of the same file in
+    the same run (target ratio >= 0.8), and the admission's peak RSS, measured
+    in a child process through ``ru_maxrss`` (target < 64 MiB). Admission also
+    writes every byte durably (fsync) while the baseline only reads from the
+    page cache, so the copy phase (until the last chunk is written) is shown
+    separately from the durable total.
+(b) 256 small JSON documents: admission time against ``cp -r`` of the same
+    tree (target ratio <= 3), best of several runs, in-process after a warm-up.
+
+Work happens in a temporary directory on /work's disk (``--dir`` to change)
+and is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+MiB = 1 << 20
+
+_CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from pipeline import intake
+t1 = time.perf_counter()
+copied = {}
+def progress(path, done, total):
+    if done >= total:
+        copied[path] = time.perf_counter()
+manifest = intake.admit(sys.argv[1], "bench", sys.argv[2], progress=progress)
+t2 = time.perf_counter()
+print(json.dumps({
+    "import_s": t1 - t0,
+    "admit_s": t2 - t1,
+    "copied_s": max(copied.values()) - t1 if copied else None,
+    "files": len(manifest["files"]),
+    "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+}))
+"""
+
+
+def _manifest(package_id: str) -> bytes:
+    return json.dumps(
+        {
+            "format": "viano-package",
+            "format_version": 1,
+            "package_id": package_id,
+            "project": {"name": "bench", "version": "1"},
+            "analysis_revision": 1,
+        }
+    ).encode()
+
+
+def _big_package(root: Path, size_mib: int) -> Path:
+    src = root / "big-src"
+    (src / "original" / "context").mkdir(parents=True)
+    (src / "manifest.json").write_bytes(_manifest("bench-big"))
+    block = bytearray(os.urandom(MiB))
+    with open(src / "original" / "context" / "dump.bin", "wb") as f:
+        for i in range(size_mib):
+            block[:8] = i.to_bytes(8, "little")  # every chunk distinct
+            f.write(block)
+    return src
+
+
+def _file_digest_mbps(path: Path) -> float:
+    size = path.stat().st_size
+    t = time.perf_counter()
+    with open(path, "rb") as f:
+        hashlib.file_digest(f, "sha256")
+    return size / MiB / (time.perf_counter() - t)
+
+
+def bench_large(root: Path, size_mib: int) -> None:
+    src = _big_package(root, size_mib)
+    big = src / "original" / "context" / "dump.bin"
+    base_before = _file_digest_mbps(big)  # also warms the page cache for both
+    ws = root / "ws-big"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(ws), str(src)], stdout=subprocess.PIPE, text=True, env=env)
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"admission child failed with {proc.returncode}")
+    result = json.loads(out)
+    base_after = _file_digest_mbps(big)
+    baseline = max(base_before, base_after)
+    admit_mbps = size_mib / result["admit_s"]
+    copy_mbps = size_mib / result["copied_s"] if result["copied_s"] else float("nan")
+    rss_mib = result["maxrss_kib"] / 1024
+    print(f"(a) {size_mib} MiB context file, directory source")
+    print(f"    hashlib.file_digest         {baseline:8.1f} MB/s (page cache; before {base_before:.0f}, after {base_after:.0f})")
+    print(f"    admission, durable total    {admit_mbps:8.1f} MB/s ({result['admit_s']:.2f} s)   ratio {admit_mbps / baseline:.2f} (target >= 0.8)")
+    print(f"    admission, copy+hash phase  {copy_mbps:8.1f} MB/s ({result['copied_s']:.2f} s)   ratio {copy_mbps / baseline:.2f}")
+    print(f"    admission peak RSS          {rss_mib:8.1f} MiB (target < 64; interpreter + imports included)")
+    shutil.rmtree(ws)
+    shutil.rmtree(src)
+
+
+def _small_package(root: Path, count: int) -> Path:
+    src = root / "small-src"
+    (src / "original" / "reports").mkdir(parents=True)
+    (src / "manifest.json").write_bytes(_manifest("bench-small"))
+    for i in range(count):
+        doc = {
+            "format": "viano-bug-report",
+            "format_version": 1,
+            "title": f"report {i}",
+            "observations": [{"text": f"observation {i}.{j} " + "x" * 40} for j in range(20)],
+        }
+        (src / "original" / "reports" / f"report-{i:04d}.json").write_text(json.dumps(doc, indent=2))
+    return src
+
+
+def bench_small(root: Path, count: int = 256, runs: int = 5) -> None:
+    from pipeline import intake
+
+    src = _small_package(root, count)
+    quiet = lambda *a: None  # noqa: E731
+    intake.admit(root / "ws-warm", "warm", src, progress=quiet)  # imports, caches
+    admit_times, cp_times = [], []
+    for run in range(runs):
+        ws = root / f"ws-small-{run}"
+        t = time.perf_counter()
+        intake.admit(ws, "bench", src, progress=quiet)
+        admit_times.append(time.perf_counter() - t)
+        dest = root / f"cp-{run}"
+        t = time.perf_counter()
+        subprocess.run(["cp", "-r", str(src), str(dest)], check=True)
+        cp_times.append(time.perf_counter() - t)
+    a, c = min(admit_times), min(cp_times)
+    print(f"(b) {count} small JSON documents ({sum(p.stat().st_size for p in src.rglob('*.json')) // 1024} KiB)")
+    print(f"    admission  best {a * 1000:7.1f} ms  median {statistics.median(admit_times) * 1000:7.1f} ms")
+    print(f"    cp -r      best {c * 1000:7.1f} ms  median {statistics.median(cp_times) * 1000:7.1f} ms")
+    print(f"    ratio (best) {a / c:.2f}  (median {statistics.median(admit_times) / statistics.median(cp_times):.2f}; target <= 3)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024, help="size of the large context file (default 1024)")
+    parser.add_argument("--dir", default="/work", help="where to create the temporary directory (default /work)")
+    parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--skip-small", action="store_true")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="viano-bench-", dir=args.dir))
+    try:
+        if not args.skip_large:
+            bench_large(root, args.size_mib)
+        if not args.skip_small:
+            bench_small(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

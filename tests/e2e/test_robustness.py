@@ -1,0 +1,211 @@
+"""End to end: determinism across machines' settings, crash injection at every
+publication step, racing builds, and hostile JSON/reference inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, doit_env
+from tests.e2e import kit
+from tests.e2e.test_build import standard_package
+
+
+def _outputs(ws: Path) -> dict:
+    base = kit.package_dir(ws, "c1")
+    return {
+        p.relative_to(base).as_posix(): p.read_bytes()
+        for p in sorted(base.rglob("*")) if p.is_file()
+    }
+
+
+def test_same_inputs_give_identical_bytes_across_settings_and_input_order(tmp_path):
+    source = standard_package(tmp_path / "src")
+    archive = kit.zip_dir(source, tmp_path / "pkg.zip", reverse=True)
+    runs = [
+        (tmp_path / "ws1", source, {"TZ": "UTC", "LC_ALL": "C", "PYTHONHASHSEED": "1"}),
+        (tmp_path / "ws2", archive, {"TZ": "Asia/Kolkata", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "4242"}),
+    ]
+    results = []
+    for ws, src, env in runs:
+        assert kit.doit("admit", "case=c1", f"source={src}", workspace=ws, env_extra=env).returncode == 0
+        built = kit.doit("build", "case=c1", workspace=ws, env_extra=env)
+        assert built.returncode == 0, built.stderr
+        results.append(_outputs(ws))
+    assert results[0].keys() == results[1].keys()
+    for name in results[0]:
+        assert results[0][name] == results[1][name], name
+    case = results[0]["content/case/revisions/0001/case.json"]
+    assert str(tmp_path).encode() not in case and os.uname().nodename.encode() not in case
+
+
+CRASH_POINTS = [
+    "publish:after-content",
+    "publish:after-manifest-temp",
+    "publish:after-manifest-link",
+    "build:after-publish",
+    "build:after-confirm",
+]
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reference")
+    source = standard_package(tmp / "src")
+    ws = tmp / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    return _outputs(ws)
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_crash_at_each_publication_step_then_retry_publishes_exactly_once(tmp_path, point, reference_outputs):
+    source = standard_package(tmp_path / "src")
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": point})
+    assert crashed.returncode != 0  # killed by SIGKILL at the named point
+    retried = kit.doit("build", "case=c1", workspace=ws)
+    assert retried.returncode == 0, retried.stderr
+    assert [p.name for p in kit.manifests(ws, "c1")] == ["000001.json", "000002.json"]
+    outputs = _outputs(ws)
+    leftovers = [name for name in outputs if name not in reference_outputs]
+    assert leftovers == [], leftovers  # no temp or partial file remains visible
+    assert outputs == reference_outputs
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0 and len(kit.manifests(ws, "c1")) == 2
+    status = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert status.count(" complete ") == 1, status
+
+
+def test_two_builds_started_together_publish_once(tmp_path, reference_outputs):
+    source = standard_package(tmp_path / "src")
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    env = doit_env()
+    command = ["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"]
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=180) + (p.returncode,) for p in procs]
+    for out, err, code in results:
+        assert code == 0 or err.strip().splitlines()[-1].split(":")[0] in ("LOCK_TIMEOUT", "STALE_GENERATION"), err
+    assert any(code == 0 for _, _, code in results)
+    assert len(kit.manifests(ws, "c1")) == 2
+    assert _outputs(ws) == reference_outputs
+    published = [err for _, err, _ in results if ".  publish" in err]
+    status = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert status.count(" complete ") == 1, status  # exactly one case-built checkpoint
+    assert len(published) >= 1
+
+
+# ------------------------------------------------------------- hostile JSON
+
+BAD_REPORTS = {
+    "dup-nested": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"a","text":"b"}]}', "JSON_DUPLICATE_KEY", "/observations/0/text"),
+    "dup-escaped": (b'{"format":"viano-bug-report","format_version":1,"title":"a","\\u0074itle":"b"}', "JSON_DUPLICATE_KEY", "/title"),
+    "nan": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"a","claim":{"key":"k","value":NaN}}]}', "JSON_NUMBER", "/observations/0/claim/value"),
+    "inf": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"a","claim":{"key":"k","value":1e400}}]}', "JSON_NUMBER", "/observations/0/claim/value"),
+    "bigint": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"a","claim":{"key":"k","value":9007199254740993}}]}', "JSON_NUMBER", "/observations/0/claim/value"),
+    "digits": (b'{"format":"viano-bug-report","format_version":1,"title":' + b"7" * 5000 + b"}", "JSON_NUMBER", "/title"),
+    "deep": (b'{"format":"viano-bug-report","format_version":1,"x":' + b"[" * 2000 + b"]" * 2000 + b"}", "JSON_TOO_DEEP", None),
+    "bom": (b'\xef\xbb\xbf{"format":"viano-bug-report","format_version":1}', "JSON_ENCODING", None),
+    "utf16": ('{"format":"viano-bug-report","format_version":1}'.encode("utf-16-le"), "JSON_ENCODING", None),
+    "bad-utf8": (b'{"format":"viano-bug-report","format_version":1,"title":"\xc3\x28"}', "JSON_ENCODING", None),
+    "surrogate": (b'{"format":"viano-bug-report","format_version":1,"title":"\\ud800"}', "JSON_ENCODING", "/title"),
+    "control": (b'{"format":"viano-bug-report","format_version":1,"title":"a\x01b"}', "JSON_SYNTAX", None),
+    "trailing": (b'{"format":"viano-bug-report","format_version":1} {}', "JSON_SYNTAX", None),
+    "naive-time": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"a","observed_at":"2026-01-01T10:00:00"}]}', "SCHEMA_VIOLATION", "/observations/0/observed_at"),
+    "version-float": (b'{"format":"viano-bug-report","format_version":1.5}', "UNSUPPORTED_VERSION", "/format_version"),
+    "version-2": (b'{"format":"viano-bug-report","format_version":2}', "UNSUPPORTED_VERSION", "/format_version"),
+    "blank-text": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"  "}]}', "SCHEMA_VIOLATION", "/observations/0/text"),
+    "unknown-nested": (b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"a","mood":"x"}]}', "SCHEMA_VIOLATION", "/observations/0/mood"),
+    "oversize": (b'{"format":"viano-bug-report","format_version":1,"title":"' + b"x" * (1024 * 1024) + b'"}', "LIMIT_EXCEEDED", None),
+}
+
+
+def _hostile_package(tmp_path: Path, report_bytes: bytes | None = None, index=None) -> Path:
+    files = {
+        "original/report-a.json": kit.report("Fine", observations=[{"text": "ok"}]),
+        "original/runtime.log": "x\n",
+    }
+    if report_bytes is not None:
+        files["original/bad.json"] = report_bytes
+    idx = index if index is not None else kit.index(reports=["original/report-a.json", "original/bad.json"])
+    return kit.make_package(tmp_path / "src", files=files, index=idx)
+
+
+def _assert_refused(tmp_path, source, code, path, pointer):
+    ws = tmp_path / "ws"
+    admitted = kit.doit("admit", "case=c1", f"source={source}", workspace=ws)
+    assert admitted.returncode == 0, admitted.stderr
+    before = kit.tree_digest(ws / "cases")
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode != 0
+    lines = [l for l in result.stderr.splitlines() if l.startswith(code + ": ")]
+    assert len(lines) == 1, result.stderr
+    where = path + (f"#{pointer}" if pointer is not None else "")
+    assert lines[0].endswith(f"({where})"), lines[0]
+    assert kit.tree_digest(ws / "cases") == before  # every file and manifest byte-identical
+    assert len(kit.manifests(ws, "c1")) == 1
+
+
+@pytest.mark.parametrize("name", sorted(BAD_REPORTS))
+def test_hostile_report_is_refused_with_code_path_and_pointer(tmp_path, name):
+    data, code, pointer = BAD_REPORTS[name]
+    _assert_refused(tmp_path, _hostile_package(tmp_path, data), code, "original/bad.json", pointer)
+
+
+BAD_REFERENCES = {
+    "dotdot": ("../x", "REFERENCE_UNSAFE"),
+    "absolute": ("/etc/passwd", "REFERENCE_UNSAFE"),
+    "drive": ("C:/x", "REFERENCE_UNSAFE"),
+    "backslash": ("original\\\\report-a.json", "REFERENCE_UNSAFE"),
+    "empty": ("", "SCHEMA_VIOLATION"),  # the contract requires non-empty paths
+    "percent": ("original/%2e%2e/report-a.json", "REFERENCE_MISSING"),
+    "absent": ("original/nothing.json", "REFERENCE_MISSING"),
+    "case-variant": ("original/Report-A.json", "REFERENCE_MISSING"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_REFERENCES))
+def test_hostile_index_reference_is_refused(tmp_path, name):
+    ref, code = BAD_REFERENCES[name]
+    idx = kit.index(reports=["original/report-a.json", ref])
+    _assert_refused(tmp_path, _hostile_package(tmp_path, None, idx), code, "original/case-inputs.json", "/reports/1")
+
+
+def test_repeated_source_within_a_role_is_refused(tmp_path):
+    idx = kit.index(reports=["original/report-a.json", "original/report-a.json"])
+    _assert_refused(tmp_path, _hostile_package(tmp_path, None, idx), "DUPLICATE_SOURCE", "original/case-inputs.json", "/reports/1")
+
+
+def test_unknown_field_in_index_is_refused(tmp_path):
+    idx = kit.index(reports=["original/report-a.json"])
+    idx["reviewer"] = "x"
+    _assert_refused(tmp_path, _hostile_package(tmp_path, None, idx), "SCHEMA_VIOLATION", "original/case-inputs.json", "/reviewer")
+
+
+def test_tampered_content_is_an_integrity_error(tmp_path):
+    source = _hostile_package(tmp_path, None, kit.index(reports=["original/report-a.json"]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    target = kit.package_dir(ws, "c1") / "content" / "original" / "report-a.json"
+    target.write_bytes(target.read_bytes().replace(b"ok", b"OK"))
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode != 0 and "INTEGRITY_ERROR" in result.stderr
+    assert len(kit.manifests(ws, "c1")) == 1
+
+
+def test_symlinked_content_is_refused(tmp_path):
+    source = _hostile_package(tmp_path, None, kit.index(reports=["original/report-a.json"]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    content = kit.package_dir(ws, "c1") / "content"
+    target = content / "original"
+    target.rename(content / "moved")
+    target.symlink_to(content / "moved")
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode != 0 and "REFERENCE_UNSAFE" in result.stderr, result.stderr

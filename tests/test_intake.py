@@ -1,0 +1,543 @@
+"""Admission (pipeline.intake): hostile sources, all-or-nothing, crash safety, append sources."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import contracts
+from pipeline import intake
+from pipeline.errors import VianoError
+from pipeline.jsoncanon import decode_strict, pretty_bytes
+from pipeline.lifecycle import CheckpointStore
+from pipeline.workspace import Workspace
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "fixtures" / "sample"
+HOSTILE = REPO / "fixtures" / "hostile"
+PROCS = Path(__file__).parent / "procs"
+EXPECTED = json.loads((HOSTILE / "expected.json").read_text())
+QUIET = lambda *a: None  # noqa: E731
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def tree_state(root: Path) -> dict:
+    """Everything observable about a tree: names, types, modes, sizes, file hashes, link targets."""
+    state = {}
+    if not os.path.lexists(root):
+        return {"<absent>": True}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                state[rel] = ("file", st.st_mode, st.st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+            elif stat.S_ISLNK(st.st_mode):
+                state[rel] = ("link", os.readlink(path))
+            else:
+                state[rel] = ("other", st.st_mode)
+    return state
+
+
+def admit(ws, case_id, source, **kw):
+    kw.setdefault("progress", QUIET)
+    return intake.admit(ws, case_id, source, **kw)
+
+
+def assert_refused(ws: Path, case_id: str, source, code: str, **kw) -> VianoError:
+    before = tree_state(ws)
+    with pytest.raises(VianoError) as exc:
+        admit(ws, case_id, source, **kw)
+    assert exc.value.code == code, str(exc.value)
+    assert tree_state(ws) == before
+    return exc.value
+
+
+@pytest.fixture
+def populated(tmp_path) -> Path:
+    """A workspace that already holds one admitted case (so the store and a lock exist)."""
+    ws = tmp_path / "ws"
+    admit(ws, "existing", HOSTILE / "h17_unlisted_file.zip")
+    return ws
+
+
+def sample_zip(tmp_path: Path) -> Path:
+    path = tmp_path / "sample.zip"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for file in sorted(SAMPLE.rglob("*")):
+            if file.is_file():
+                zf.write(file, file.relative_to(SAMPLE).as_posix())
+    return path
+
+
+def store_has(ws: Path, case_id: str) -> bool:
+    if not (ws / "checkpoints.sqlite3").exists():
+        return False
+    with CheckpointStore(Workspace(ws), create=False) as store:
+        return store.exists(case_id)
+
+
+# ------------------------------------------------------------------ hostile corpus
+
+
+def test_corpus_is_complete_and_tiny():
+    zips = sorted(p.name for p in HOSTILE.glob("*.zip"))
+    assert zips == sorted(EXPECTED)
+    assert all((HOSTILE / name).stat().st_size < 8 * 1024 for name in zips)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in EXPECTED.items() if c != "OK"))
+def test_hostile_zip_is_refused_and_changes_nothing(populated, name):
+    assert_refused(populated, "hostile", HOSTILE / name, EXPECTED[name])
+    assert not store_has(populated, "hostile")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in EXPECTED.items() if c != "OK"))
+def test_hostile_zip_leaves_no_workspace_behind(tmp_path, name):
+    ws = tmp_path / "fresh"
+    with pytest.raises(VianoError) as exc:
+        admit(ws, "hostile", HOSTILE / name)
+    assert exc.value.code == EXPECTED[name]
+    assert not os.path.lexists(ws)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in EXPECTED.items() if c == "OK"))
+def test_benign_corpus_members_are_admitted(tmp_path, name):
+    manifest = admit(tmp_path / "ws", "ok", HOSTILE / name)
+    assert manifest["package_generation"] == 1
+    assert not (tmp_path / "ws" / ".staging").exists()
+
+
+def test_nested_zip_is_an_opaque_file(tmp_path):
+    ws = tmp_path / "ws"
+    manifest = admit(ws, "nested", HOSTILE / "h16_nested_zip.zip")
+    stored = ws / "cases/nested/packages/hostile-pkg/content/original/inner.zip"
+    assert manifest["files"]["original/inner.zip"]["sha256"] == hashlib.sha256(stored.read_bytes()).hexdigest()
+    assert not any("evil" in p.name for p in ws.rglob("*"))
+
+
+def test_fixture_generators_are_reproducible(tmp_path):
+    subprocess.run([sys.executable, str(HOSTILE / "make_hostile.py"), "--out", str(tmp_path / "h")], check=True)
+    for name in list(EXPECTED) + ["expected.json"]:
+        assert (tmp_path / "h" / name).read_bytes() == (HOSTILE / name).read_bytes(), name
+    subprocess.run([sys.executable, str(SAMPLE / "make_sample.py"), "--out", str(tmp_path / "s")], check=True)
+    for file in (tmp_path / "s").rglob("*"):
+        if file.is_file():
+            assert file.read_bytes() == (SAMPLE / file.relative_to(tmp_path / "s")).read_bytes(), file
+
+
+# ------------------------------------------------------------------ directory sources
+
+
+def _dir_package(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    (src / "original").mkdir(parents=True)
+    (src / "manifest.json").write_bytes(json.dumps(
+        {"format": "viano-package", "format_version": 1, "package_id": "dir-pkg",
+         "project": {"name": "p", "version": "1"}, "analysis_revision": 1}).encode())
+    (src / "original" / "a.txt").write_bytes(b"a\n")
+    return src
+
+
+def _symlink_file(src):
+    os.symlink("/etc/passwd", src / "original" / "link")
+
+
+def _symlink_dir(src):
+    os.symlink("/etc", src / "original" / "etc")
+
+
+def _dangling(src):
+    os.symlink("nowhere", src / "original" / "dangling")
+
+
+def _fifo(src):
+    os.mkfifo(src / "original" / "fifo")
+
+
+def _socket(src):
+    path = src / "original" / "sock"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(path))
+    finally:
+        s.close()
+
+
+def _device(src):
+    if os.geteuid() != 0:
+        pytest.skip("mknod of a device needs root")
+    os.mknod(src / "original" / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+
+
+def _control(src):
+    (src / "original" / "a\x1b[2Jb.txt").write_bytes(b"x")
+
+
+def _bidi(src):
+    (src / "original" / "invoice\u202efdp.exe").write_bytes(b"x")
+
+
+def _non_utf8(src):
+    os.close(os.open(os.fsencode(src / "original") + b"/\xff\xfe.txt", os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def _nfc_nfd(src):
+    (src / "original" / "caf\u00e9.txt").write_bytes(b"x")
+    (src / "original" / "cafe\u0301.txt").write_bytes(b"y")
+
+
+def _case(src):
+    (src / "original" / "Report.json").write_bytes(b"x")
+    (src / "original" / "report.json").write_bytes(b"y")
+
+
+def _file_vs_dir(src):
+    (src / "original" / "Notes").write_bytes(b"x")
+    (src / "original" / "notes").mkdir()
+    (src / "original" / "notes" / "n.txt").write_bytes(b"y")
+
+
+def _reserved(src):
+    (src / "inputs" / "2").mkdir(parents=True)
+    (src / "inputs" / "2" / "case-inputs.json").write_bytes(b"{}")
+
+
+def _deep(src):
+    deep = src.joinpath(*["d"] * 17)
+    deep.mkdir(parents=True)
+    (deep / "x").write_bytes(b"x")
+
+
+def _no_manifest(src):
+    (src / "manifest.json").unlink()
+
+
+@pytest.mark.parametrize(
+    "make, code",
+    [
+        (_symlink_file, "SOURCE_SPECIAL_FILE"),
+        (_symlink_dir, "SOURCE_SPECIAL_FILE"),
+        (_dangling, "SOURCE_SPECIAL_FILE"),
+        (_fifo, "SOURCE_SPECIAL_FILE"),
+        (_socket, "SOURCE_SPECIAL_FILE"),
+        (_device, "SOURCE_SPECIAL_FILE"),
+        (_control, "SOURCE_UNSAFE_NAME"),
+        (_bidi, "SOURCE_UNSAFE_NAME"),
+        (_non_utf8, "SOURCE_UNSAFE_NAME"),
+        (_deep, "SOURCE_UNSAFE_NAME"),
+        (_nfc_nfd, "SOURCE_NAME_COLLISION"),
+        (_case, "SOURCE_NAME_COLLISION"),
+        (_file_vs_dir, "SOURCE_NAME_COLLISION"),
+        (_reserved, "RESERVED_PATH"),
+        (_no_manifest, "MANIFEST_MISSING"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_hostile_directory_source(populated, tmp_path, make, code):
+    src = _dir_package(tmp_path)
+    make(src)
+    assert_refused(populated, "hostile", src, code)
+
+
+def test_directory_source_is_admitted(tmp_path):
+    src = _dir_package(tmp_path)
+    manifest = admit(tmp_path / "ws", "d1", src)
+    assert manifest["files"] == {"original/a.txt": {"sha256": hashlib.sha256(b"a\n").hexdigest(), "size": 2}}
+
+
+def test_source_itself_a_symlink_or_special(populated, tmp_path):
+    src = _dir_package(tmp_path)
+    os.symlink(src, tmp_path / "link")
+    assert_refused(populated, "x", tmp_path / "link", "SOURCE_SPECIAL_FILE")
+    os.mkfifo(tmp_path / "fifo")
+    assert_refused(populated, "x", tmp_path / "fifo", "SOURCE_SPECIAL_FILE")
+    assert_refused(populated, "x", tmp_path / "absent", "SOURCE_NOT_FOUND")
+
+
+def test_directory_limits(populated, tmp_path):
+    src = _dir_package(tmp_path)
+    for i in range(5):
+        (src / "original" / f"f{i}").write_bytes(b"12345")
+    assert_refused(populated, "x", src, "LIMIT_EXCEEDED", limits=intake.ZipLimits(max_entries=4))
+    assert_refused(populated, "x", src, "LIMIT_EXCEEDED", limits=intake.ZipLimits(max_entry_bytes=4))
+    assert_refused(populated, "x", src, "LIMIT_EXCEEDED", limits=intake.ZipLimits(max_total_bytes=20))
+    assert_refused(populated, "x", src, "LIMIT_EXCEEDED", limits=intake.ZipLimits(manifest_bytes=10))
+
+
+def test_insufficient_disk(populated):
+    huge = intake.ZipLimits(free_disk_reserve=1 << 60)
+    assert_refused(populated, "x", SAMPLE, "INSUFFICIENT_DISK", limits=huge)
+
+
+# ------------------------------------------------------------------ ids and existing cases
+
+
+@pytest.mark.parametrize("case_id", ["", "../x", "a/b", ".hidden", "x\n", "a" * 129, "é"])
+def test_unsafe_case_id(populated, case_id):
+    assert_refused(populated, case_id, SAMPLE, "UNSAFE_ID")
+
+
+def test_admitting_the_same_case_twice_changes_nothing(tmp_path):
+    ws = tmp_path / "ws"
+    admit(ws, "case-A", SAMPLE)
+    assert_refused(ws, "case-A", SAMPLE, "CASE_EXISTS")
+    assert_refused(ws, "case-A", HOSTILE / "h17_unlisted_file.zip", "CASE_EXISTS")
+
+
+def test_concurrent_admissions_of_one_id_have_one_winner(tmp_path):
+    ws = tmp_path / "ws"
+    procs = [
+        subprocess.Popen([sys.executable, str(PROCS / "admit_child.py"), str(ws), "race", str(SAMPLE)],
+                         stdout=subprocess.PIPE, text=True, env=_child_env())
+        for _ in range(3)
+    ]
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        results.append((p.returncode, out.strip()))
+    results.sort()
+    assert results == [(0, ""), (3, "CASE_EXISTS"), (3, "CASE_EXISTS")]
+    assert store_has(ws, "race")
+    assert not (ws / ".staging").exists()
+
+
+# ------------------------------------------------------------------ the sample package
+
+
+def _check_sample_admission(ws: Path, case_id: str, manifest: dict) -> None:
+    package = ws / "cases" / case_id / "packages" / "hub-switch-2031"
+    stored = (package / "manifests" / "000001.json").read_bytes()
+    assert stored == pretty_bytes(manifest)
+    contracts.validate("package-manifest", decode_strict(stored, max_bytes=1 << 20))
+    expected = {}
+    for file in SAMPLE.rglob("*"):
+        rel = file.relative_to(SAMPLE).as_posix()
+        if file.is_file() and rel != "manifest.json":
+            data = file.read_bytes()
+            expected[rel] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    assert manifest["files"] == expected
+    for rel, entry in expected.items():
+        data = (package / "content" / rel).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+    assert not (package / "content" / "manifest.json").exists()
+    source = json.loads((SAMPLE / "manifest.json").read_text())
+    assert manifest["case_id"] == case_id and manifest["package_generation"] == 1
+    assert manifest["package_id"] == source["package_id"]
+    assert manifest["project"] == source["project"]
+    assert manifest["analysis_revision"] == source["analysis_revision"]
+    assert manifest["artifacts"] == source["artifacts"]
+    with CheckpointStore(Workspace(ws), create=False) as store:
+        record = store.get(case_id)
+    assert (record.state, record.generation, record.package_id) == ("VALIDATED", 1, "hub-switch-2031")
+    assert not (ws / ".staging").exists()
+
+
+def test_sample_directory_admission_lists_every_file(tmp_path):
+    ws = tmp_path / "ws"
+    manifest = admit(ws, "sample", SAMPLE)
+    _check_sample_admission(ws, "sample", manifest)
+    listed = {item if isinstance(item, str) else item["path"] for item in json.loads((SAMPLE / "manifest.json").read_text())["files"]}
+    assert "original/notes/scratchpad.txt" not in listed
+    assert "original/notes/scratchpad.txt" in manifest["files"]  # unlisted, still hashed and listed
+
+
+def test_sample_zip_admission_matches_directory_admission(tmp_path):
+    ws = tmp_path / "ws"
+    manifest = admit(ws, "sample-zip", sample_zip(tmp_path))
+    _check_sample_admission(ws, "sample-zip", manifest)
+
+
+def test_progress_reports_large_files(tmp_path):
+    calls = []
+    admit(tmp_path / "ws", "p", SAMPLE, progress=lambda *a: calls.append(a))
+    log = [c for c in calls if c[0] == "original/runtime/hub-events.log"]
+    assert log[-1][1] == log[-1][2] == (SAMPLE / "original/runtime/hub-events.log").stat().st_size
+    out = io.StringIO()
+    printer = intake.StderrProgress(out, min_size=1024, step=1 << 30)
+    for done in range(0, 10_001, 500):
+        printer("big.bin", done, 10_000)
+    printer("small.bin", 10, 100)
+    lines = out.getvalue().splitlines()
+    assert 9 <= len(lines) <= 11 and all("big.bin" in line for line in lines)
+
+
+# ------------------------------------------------------------------ crashes
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env.pop("VIANO_CRASH_AT", None)
+    # The repo first on sys.path: a stale editable install may map `contracts` to a namespace package.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _child(ws: Path, case_id: str, source: Path, crash_at: str | None = None) -> subprocess.Popen:
+    env = _child_env()
+    if crash_at:
+        env["VIANO_CRASH_AT"] = crash_at
+    return subprocess.Popen(
+        [sys.executable, str(PROCS / "admit_child.py"), str(ws), case_id, str(source)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _assert_no_case_or_orphan(ws: Path, case_id: str) -> None:
+    assert not store_has(ws, case_id)
+    case_dir = ws / "cases" / case_id
+    if case_dir.exists():
+        # only a removable orphan: a complete, renamed tree without a store row
+        assert (case_dir / "packages").is_dir()
+
+
+def _retry_and_check(ws: Path, case_id: str, source: Path) -> None:
+    manifest = admit(ws, case_id, source)
+    if source == SAMPLE:
+        _check_sample_admission(ws, case_id, manifest)
+    assert not (ws / ".staging").exists() or os.listdir(ws / ".staging") == []
+
+
+@pytest.mark.parametrize("point", ["admit:after-stage", "admit:after-rename"])
+def test_kill_at_each_crash_point_then_retry(tmp_path, point):
+    ws = tmp_path / "ws"
+    proc = _child(ws, "crash", SAMPLE, crash_at=point)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    _assert_no_case_or_orphan(ws, "crash")
+    if point == "admit:after-rename":
+        assert (ws / "cases" / "crash").is_dir()  # the orphan the retry must clear
+    _retry_and_check(ws, "crash", SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def big_source(tmp_path_factory) -> Path:
+    """A directory package with 40 MiB of content, so a kill lands mid-copy."""
+    src = tmp_path_factory.mktemp("big") / "src"
+    shutil.copytree(SAMPLE, src)
+    block = hashlib.sha256(b"seed").digest() * 32768  # 1 MiB
+    with open(src / "original" / "runtime" / "big.bin", "wb") as f:
+        for _ in range(40):
+            f.write(block)
+    return src
+
+
+def test_kill_at_random_moments_then_retry(tmp_path, big_source):
+    rng = random.Random(1234)
+    killed = 0
+    for attempt in range(6):
+        ws = tmp_path / f"ws{attempt}"
+        if attempt % 2:
+            admit(ws, "other", HOSTILE / "h17_unlisted_file.zip")
+        proc = _child(ws, "victim", big_source)
+        time.sleep(rng.uniform(0.05, 1.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        if proc.returncode == 0:
+            assert store_has(ws, "victim")  # finished before the kill: a complete case
+            continue
+        killed += 1
+        _assert_no_case_or_orphan(ws, "victim")
+        manifest = admit(ws, "victim", big_source)
+        assert manifest["files"]["original/runtime/big.bin"]["size"] == 40 << 20
+        assert sorted(os.listdir(ws / "cases")) == sorted(["victim"] + (["other"] if attempt % 2 else []))
+        assert store_has(ws, "victim")
+        assert not (ws / ".staging").exists() or os.listdir(ws / ".staging") == []
+    assert killed >= 1
+
+
+# ------------------------------------------------------------------ append sources
+
+
+INDEX = {
+    "format": "viano-case-inputs",
+    "format_version": 1,
+    "reports": ["original/reports/report-1.json", "added/report-4.json"],
+}
+
+
+def _append_dir(tmp_path: Path) -> Path:
+    src = tmp_path / "append"
+    (src / "added").mkdir(parents=True)
+    (src / "case-inputs.json").write_bytes(json.dumps(INDEX).encode())
+    (src / "added" / "report-4.json").write_bytes(b'{"format": "viano-bug-report", "format_version": 1}\n')
+    return src
+
+
+def test_append_source_directory_and_zip(tmp_path):
+    src = _append_dir(tmp_path)
+    zpath = tmp_path / "append.zip"
+    with zipfile.ZipFile(zpath, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for f in sorted(src.rglob("*")):
+            if f.is_file():
+                zf.write(f, f.relative_to(src).as_posix())
+    for source in (src, zpath):
+        staging = tmp_path / "staging"
+        staging.mkdir(exist_ok=True)
+        result = intake.read_append_source(source, intake.ZipLimits(), staging_dir=staging, progress=QUIET)
+        index_bytes, files = result
+        assert index_bytes == (src / "case-inputs.json").read_bytes()
+        assert sorted(files) == ["added/report-4.json"]
+        assert files["added/report-4.json"].read_bytes() == (src / "added" / "report-4.json").read_bytes()
+        assert result.root.parent == staging
+        result.cleanup()
+        assert os.listdir(staging) == []
+
+
+@pytest.mark.parametrize(
+    "mutate, code",
+    [
+        (lambda s: (s / "case-inputs.json").unlink(), "INDEX_MISSING"),
+        (lambda s: (s / "case-inputs.json").write_bytes(b'{"format": "viano-case-inputs", "format_version": 1, "x": 1}'), "SCHEMA_VIOLATION"),
+        (lambda s: (s / "case-inputs.json").write_bytes(b'{"format": 1, "format": 2}'), "JSON_DUPLICATE_KEY"),
+        (lambda s: ((s / "case").mkdir(), (s / "case" / "x.json").write_bytes(b"{}")), "RESERVED_PATH"),
+        (lambda s: os.symlink("/etc/passwd", s / "added" / "link"), "SOURCE_SPECIAL_FILE"),
+    ],
+)
+def test_append_source_refusals_leave_nothing(tmp_path, mutate, code):
+    src = _append_dir(tmp_path)
+    mutate(src)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(VianoError) as exc:
+        intake.read_append_source(src, intake.ZipLimits(), staging_dir=staging, progress=QUIET)
+    assert exc.value.code == code
+    assert os.listdir(staging) == []
+
+
+def test_append_source_hostile_zip(tmp_path):
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    for name in ("h01_dotdot.zip", "h11_overlap_bomb.zip", "h08_symlink.zip"):
+        with pytest.raises(VianoError) as exc:
+            intake.read_append_source(HOSTILE / name, staging_dir=staging, progress=QUIET)
+        assert exc.value.code == EXPECTED[name]
+    # a CRC failure is found while staging; the partial copy is removed
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("case-inputs.json", json.dumps(INDEX))
+        zf.writestr("added/x.txt", b"hello, world\n")
+    corrupt = tmp_path / "corrupt.zip"
+    corrupt.write_bytes(buf.getvalue().replace(b"hello, world\n", b"HELLO, WORLD\n"))
+    with pytest.raises(VianoError) as exc:
+        intake.read_append_source(corrupt, staging_dir=staging, progress=QUIET)
+    assert exc.value.code == "ZIP_CRC_MISMATCH"
+    assert os.listdir(staging) == []

@@ -1,0 +1,278 @@
+"""ZIP inspection (pipeline.zipscan): names, layout, policy and verified streaming."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zipfile
+import zlib
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import AdmissionError
+from pipeline.zipscan import MiB, NameRegistry, ZipArchive, ZipLimits, fold_name, name_problem
+
+HOSTILE = Path(__file__).resolve().parent.parent / "fixtures" / "hostile"
+
+
+def _archive(tmp_path: Path, data: bytes, limits: ZipLimits = ZipLimits()) -> ZipArchive:
+    path = tmp_path / "a.zip"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return ZipArchive(fd, limits, label="a.zip")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _zip(members: dict[str, bytes], **kw) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", **kw) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _code(excinfo) -> str:
+    return excinfo.value.code
+
+
+# ------------------------------------------------------------------ names
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../x", "a/../../x", "/x", "//host/x", "C:/x", "C:x", "c:", "a\\..\\x", "a\x00b", "a\x1bb", "a\u202eb",
+        "a\u200bb", "a\u2028b", "a//b", "./a", "a/.", "", "a/" + "b" * 256, "/".join(["d"] * 17),
+    ],
+)
+def test_unsafe_names_are_refused(name):
+    assert name_problem(name) is not None
+
+
+@pytest.mark.parametrize("name", ["a", "original/report.json", "a/" + "b" * 255, "/".join(["d"] * 16), "café/naïve.txt", "%2e%2e/x", "a..b", ".hidden"])
+def test_safe_names_pass(name):
+    assert name_problem(name) is None
+
+
+def test_fold_name_merges_nfc_nfd_and_case():
+    assert fold_name("Caf\u00e9") == fold_name("cafe\u0301") == fold_name("CAFÉ")
+
+
+@pytest.mark.parametrize(
+    "first, second, code",
+    [
+        (("a",), ("a",), "DUP"),
+        (("Case.json",), ("case.json",), "COLL"),
+        (("caf\u00e9",), ("cafe\u0301",), "COLL"),
+        (("notes",), ("notes", "a"), "COLL"),
+        (("notes", "a"), ("notes",), "COLL"),
+        (("A", "x"), ("a", "y"), "COLL"),
+    ],
+)
+def test_name_registry(first, second, code):
+    reg = NameRegistry("DUP", "COLL", error=_Err)
+    reg.add(first, False, "/".join(first))
+    with pytest.raises(_Err) as exc:
+        reg.add(second, False, "/".join(second))
+    assert exc.value.code == code
+
+
+def test_name_registry_accepts_siblings_and_explicit_dirs():
+    reg = NameRegistry("DUP", "COLL", error=_Err)
+    reg.add(("a",), True, "a/")
+    reg.add(("a", "b"), False, "a/b")
+    reg.add(("a", "c"), False, "a/c")
+    with pytest.raises(_Err):
+        reg.add(("a",), True, "a/")  # the same directory entry twice is a duplicate
+
+
+class _Err(Exception):
+    def __init__(self, code, message, path=None):
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------ valid archives
+
+
+def test_zipfile_archives_are_read_and_streamed(tmp_path):
+    members = {"manifest.json": b"{}", "original/a.txt": b"hello\n" * 1000, "original/empty": b""}
+    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        archive = _archive(tmp_path, _zip(members, compression=compression))
+        try:
+            assert {e.name: e.file_size for e in archive.entries} == {k: len(v) for k, v in members.items()}
+            for entry in archive.entries:
+                assert b"".join(archive.iter_entry(entry, chunk_size=4096)) == members[entry.name]
+        finally:
+            os.close(archive.fd)
+
+
+def test_directory_entries_and_comment(tmp_path):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr(zipfile.ZipInfo("original/"), b"")
+        zf.writestr("original/a.txt", b"x")
+        zf.comment = b"PK\x05\x06 a comment holding the end signature"
+    archive = _archive(tmp_path, buf.getvalue())
+    assert [(e.name, e.is_dir) for e in archive.entries] == [("original", True), ("original/a.txt", False)]
+    os.close(archive.fd)
+
+
+def test_local_zip64_extra_and_data_descriptors(tmp_path):
+    # force_zip64 writes ZIP64 sizes in the local header only.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("big.bin", "w", force_zip64=True) as f:
+            f.write(b"abc" * 10000)
+    archive = _archive(tmp_path, buf.getvalue())
+    assert b"".join(archive.iter_entry(archive.entries[0])) == b"abc" * 10000
+    os.close(archive.fd)
+
+    class Unseekable(io.RawIOBase):
+        def __init__(self):
+            self.data = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.data += b
+            return len(b)
+
+    sink = Unseekable()
+    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("streamed.txt", b"streamed\n" * 100)
+    archive = _archive(tmp_path, bytes(sink.data))
+    entry = archive.entries[0]
+    assert entry.flags & 0x08
+    assert b"".join(archive.iter_entry(entry)) == b"streamed\n" * 100
+    os.close(archive.fd)
+
+
+def test_empty_archive(tmp_path):
+    archive = _archive(tmp_path, _zip({}))
+    assert archive.entries == []
+    os.close(archive.fd)
+
+
+# ------------------------------------------------------------------ limits
+
+
+def test_entry_count_limit_comes_from_the_end_record(tmp_path):
+    data = _zip({f"f{i}": b"" for i in range(5)})
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, data, ZipLimits(max_entries=4))
+    assert _code(exc) == "ZIP_TOO_MANY_ENTRIES"
+    # the committed fixture declares 5000 entries but holds one: refused before the directory is read
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, (HOSTILE / "h14_too_many_entries.zip").read_bytes())
+    assert _code(exc) == "ZIP_TOO_MANY_ENTRIES"
+
+
+def test_ratio_applies_only_above_the_threshold(tmp_path):
+    small = _zip({"zeros": b"\x00" * (MiB)}, compression=zipfile.ZIP_DEFLATED)
+    archive = _archive(tmp_path, small)  # exactly 1 MiB: exempt
+    os.close(archive.fd)
+    big = _zip({"zeros": b"\x00" * (MiB + 1)}, compression=zipfile.ZIP_DEFLATED)
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, big)
+    assert _code(exc) == "ZIP_RATIO"
+    archive = _archive(tmp_path, big, ZipLimits(max_ratio=2000))
+    os.close(archive.fd)
+
+
+def test_size_limits(tmp_path):
+    data = _zip({"a": b"x" * 1000, "b": b"y" * 1000})
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, data, ZipLimits(max_entry_bytes=999))
+    assert _code(exc) == "ZIP_TOO_LARGE"
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, data, ZipLimits(max_total_bytes=1999))
+    assert _code(exc) == "ZIP_TOO_LARGE"
+
+
+# ------------------------------------------------------------------ the bomb
+
+
+def test_overlap_bomb_is_small_and_would_inflate_past_50_mib_naively():
+    path = HOSTILE / "h11_overlap_bomb.zip"
+    assert path.stat().st_size < 8 * 1024
+    total = 0
+    with zipfile.ZipFile(path) as zf:  # what CPython 3.11.7 would do: no overlap detection
+        for info in zf.infolist():
+            with zf.open(info) as f:
+                while chunk := f.read(MiB):
+                    total += len(chunk)
+    assert total >= 50 * MiB
+
+
+def test_overlap_bomb_is_refused_before_any_inflation(tmp_path):
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, (HOSTILE / "h11_overlap_bomb.zip").read_bytes())
+    assert _code(exc) == "ZIP_OVERLAP"
+
+
+# ------------------------------------------------------------------ streaming checks
+
+
+def _stored_zip(name: bytes, content: bytes, *, declared: int | None = None, crc: int | None = None) -> bytes:
+    declared = len(content) if declared is None else declared
+    crc = zlib.crc32(content) if crc is None else crc
+    local = struct.pack("<4sHHHHHLLLHH", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(content), declared, len(name), 0)
+    body = local + name + content
+    cd = struct.pack(
+        "<4sHHHHHHLLLHHHHHLL", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, len(content), declared, len(name), 0, 0, 0, 0, 0, 0
+    ) + name
+    return body + cd + struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)
+
+
+def test_crc_mismatch_is_found_while_streaming(tmp_path):
+    archive = _archive(tmp_path, _stored_zip(b"a", b"hello", crc=1))
+    with pytest.raises(AdmissionError) as exc:
+        list(archive.iter_entry(archive.entries[0]))
+    assert _code(exc) == "ZIP_CRC_MISMATCH"
+    os.close(archive.fd)
+
+
+def test_stored_entry_with_differing_sizes_is_invalid(tmp_path):
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, _stored_zip(b"a", b"hello", declared=4))
+    assert _code(exc) == "ZIP_INVALID"
+
+
+def test_truncated_deflate_stream(tmp_path):
+    content = os.urandom(5000)
+    raw = zlib.compressobj(6, zlib.DEFLATED, -15)
+    comp = (raw.compress(content) + raw.flush())[:-100]
+    name = b"a"
+    crc = zlib.crc32(content)
+    local = struct.pack("<4sHHHHHLLLHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(comp), len(content), 1, 0)
+    body = local + name + comp
+    cd = struct.pack(
+        "<4sHHHHHHLLLHHHHHLL", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, len(comp), len(content), 1, 0, 0, 0, 0, 0, 0
+    ) + name
+    data = body + cd + struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)
+    archive = _archive(tmp_path, data)
+    with pytest.raises(AdmissionError) as exc:
+        list(archive.iter_entry(archive.entries[0]))
+    assert _code(exc) == "ZIP_INVALID"
+    os.close(archive.fd)
+
+
+def test_nul_name_is_caught_although_zipfile_hides_it():
+    path = HOSTILE / "h04_nul.zip"
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+    assert "original/a.txt" in names  # zipfile cut the name at the NUL (RELIABILITY 4)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(AdmissionError) as exc:
+            ZipArchive(fd, ZipLimits())
+        assert exc.value.code == "ZIP_UNSAFE_PATH"
+    finally:
+        os.close(fd)
