@@ -327,18 +327,32 @@ def _check_research_pairs(plan: dict, research: list[dict]) -> None:
 
 def step_assemble(workspace_root, case_id) -> None:
     """assemble: snapshot from cache -> pure assemble -> case contract -> cache."""
-    import contracts
     from .assemble import assemble
 
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     case = assemble(_snapshot(cache, plan))
-    contracts.validate("case", case, path=plan["outputs"]["case"])
     data = pretty_bytes(case)
+    _check_case_contract(case, data, plan["outputs"]["case"])
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
     cache.write(cache.case_json, data)
+
+
+def _check_case_contract(case: dict, data: bytes, path: str) -> None:
+    """The case must meet its own contract. The msgspec Struct decides quickly;
+    jsonschema runs only when it refuses, to name the precise pointer."""
+    import msgspec
+
+    import contracts
+    from contracts.case_structs import decode_case
+
+    try:
+        decode_case(data)
+    except msgspec.ValidationError:
+        contracts.validate("case", case, path=path)
+        raise CaseBuildError("SCHEMA_VIOLATION", "the assembled case does not meet case-v1", path=path)
 
 
 def step_render(workspace_root, case_id) -> None:

