@@ -463,6 +463,16 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
+def _require_real_dir(path: Path, label: str) -> None:
+    """``path`` must be a directory, not a symlink to one (RELIABILITY 28): we never write through links."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise AdmissionError("REFERENCE_UNSAFE", "workspace directory is a symlink or not a directory", path=label)
+
+
 def _io_error(what: str, exc: OSError, path: str | None = None) -> AdmissionError:
     return AdmissionError("IO_ERROR", f"{what} failed: {os.strerror(exc.errno) if exc.errno else exc}", path=path)
 
@@ -486,6 +496,7 @@ class _Staging:
                     self._created.append(parent)
                 except FileExistsError:
                     pass
+        _require_real_dir(root, root.name)
         self.path = root / f"{kind}-{ident}-{os.getpid()}-{secrets.token_hex(6)}"
         for _ in range(5):
             try:
@@ -763,6 +774,7 @@ def admit(
     if progress is None:
         progress = StderrProgress()
     _refuse_existing(ws, case_id)
+    _require_real_dir(ws.cases_dir, "cases")
     src = _open_source(source, limits)
     try:
         doc = _read_source_manifest(src, limits)
@@ -809,6 +821,7 @@ def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, man
                 # No store row: the orphan of a crashed admission (see module doc).
                 shutil.rmtree(target) if not os.path.islink(target) else os.unlink(target)
             _remove_stale_staging(ws.staging_dir())
+            _require_real_dir(ws.cases_dir, "cases")
             ws.cases_dir.mkdir(parents=True, exist_ok=True)
             try:
                 os.rename(case_tree, target)

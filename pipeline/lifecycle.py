@@ -283,7 +283,9 @@ class CheckpointStore:
             try:
                 stored = json.loads(blocked)
             except (TypeError, ValueError):
-                raise IntegrityError("INTEGRITY_ERROR", f"case {case_id} has a corrupt block record") from None
+                stored = None
+            if not isinstance(stored, dict):
+                raise IntegrityError("INTEGRITY_ERROR", f"case {case_id} has a corrupt block record")
             info = {"code": stored.get("code"), "route": stored.get("route"), "retry_after": stored.get("retry_after"),
                     "prior_state": prior_state}
         return CaseRecord(case_id, package_id, state, revision, generation, info, bool(built))
@@ -408,6 +410,12 @@ class CheckpointStore:
         non-empty string, route a string, retry_after None, seconds >= 0 or a
         string); other transitions keep ``detail`` as a note (e.g. who reopened
         and why).
+
+        ``intake`` is allowed while BLOCKED -- the package already holds the
+        published generation, and the store must not fall behind it; the case
+        stays BLOCKED with the same prior state -- and refused when COMPLETED
+        (``ILLEGAL_TRANSITION``: a completed case takes no new inputs until it
+        is reopened).
         """
         validate_id(case_id, "case id")
         if transition not in TRANSITIONS:

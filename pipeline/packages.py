@@ -121,6 +121,16 @@ def _io_error(what: str, exc: OSError, path: str | None) -> CaseBuildError:
 # --------------------------------------------------------------------------- hashing
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise _io_error("fsync of a directory", exc, None) from None
+    finally:
+        os.close(fd)
+
+
 def _hash_fd(fd: int, progress: Progress | None = None, label: str = "") -> tuple[str, int]:
     """SHA-256 and size of everything readable from ``fd``, in 1 MiB chunks."""
     digest = hashlib.sha256()
@@ -209,6 +219,14 @@ def _fill_temp(fd: int, source, label: str, progress: Progress | None) -> tuple[
         os.close(src)
 
 
+class _NameExists(FileExistsError):
+    """The final name existed; carries the (sha256, size) of what we had written, so nobody re-hashes."""
+
+    def __init__(self, digest: tuple[str, int]) -> None:
+        super().__init__("name exists")
+        self.digest = digest
+
+
 def _link_new(
     dir_fd: int,
     name: str,
@@ -221,8 +239,8 @@ def _link_new(
 ) -> tuple[str, int]:
     """Publish ``source`` as ``name`` in ``dir_fd`` by temp + fsync + link; return (sha256, size).
 
-    Raises ``FileExistsError`` (temp already removed) when ``name`` exists, so
-    the caller decides what an existing name means. Every other failure is
+    Raises :class:`_NameExists` (a ``FileExistsError``; temp already removed)
+    when ``name`` exists, so the caller decides what an existing name means. Every other failure is
     ``IO_ERROR`` (or a source error) with the temp removed.
     """
     temp = _temp_name()
@@ -248,7 +266,7 @@ def _link_new(
         try:
             os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         except FileExistsError:
-            raise
+            raise _NameExists(digest) from None
         except OSError as exc:
             raise _io_error("linking the new file into place", exc, label) from None
         if crash_after_link:
@@ -273,9 +291,7 @@ def _link_new(
                 pass
 
 
-def _publish_content(
-    dir_fd: int, name: str, source, *, label: str, progress: Progress | None = None, known: tuple[str, int] | None = None
-) -> tuple[str, int]:
+def _publish_content(dir_fd: int, name: str, source, *, label: str, progress: Progress | None = None) -> tuple[str, int]:
     """Create ``name`` exclusively; an existing identical file is accepted, a different one is ``CONTENT_CONFLICT``."""
     try:
         st = os.lstat(name, dir_fd=dir_fd)
@@ -284,15 +300,15 @@ def _publish_content(
     if st is not None:
         # Checked before writing so an adopted file (a crashed writer's, or a
         # retry's) costs one hash of the source and no copy.
-        mine = known or _hash_source(source, label, progress)
+        mine = _hash_source(source, label, progress)
         if _hash_existing(dir_fd, name, label) != mine:
             raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=label)
         return mine
     try:
         return _link_new(dir_fd, name, source, label=label, progress=progress)
-    except FileExistsError:
-        # Lost a race for this path: hash our source once more only here.
-        mine = _hash_source(source, label)
+    except _NameExists as exists:
+        # Lost a race for this path to another writer: same bytes are fine.
+        mine = exists.digest
         if _hash_existing(dir_fd, name, label) != mine:
             raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=label) from None
         return mine
@@ -649,6 +665,9 @@ class PackageWriter:
         if expected_generation == 0:
             pkg.manifests_dir.mkdir(parents=True, exist_ok=True)
             pkg.content_dir.mkdir(parents=True, exist_ok=True)
+            # New directory entries must survive a power cut before a manifest names them.
+            for directory in (pkg.dir, pkg.dir.parent, pkg.dir.parent.parent):
+                _fsync_dir(directory)
         elif project is not None:
             raise CaseBuildError("INVALID_ARGUMENT", "project is set at generation 1 only and carried over after")
 

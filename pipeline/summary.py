@@ -418,22 +418,22 @@ def _research(case: dict) -> list[str]:
         ),
         _heading(3, "Research results"),
     ]
-    results = research["results"]
-    if not results:
-        blocks.append(NONE_SUPPLIED)
-    for number, result in enumerate(results, 1):
-        # The result record's shape is the research module's; show every
-        # field as supplied (strings verbatim, the rest as canonical JSON).
-        blocks.append(f"Result {number}:")
-        if isinstance(result, dict) and result:
-            blocks.append(
-                _table(
-                    ["Field", "Value"],
-                    [[escape_inline(k), _scalar(result[k])] for k in sorted(result)],
-                )
-            )
-        else:
-            blocks.append(escape_inline(_json_text(result)))
+    rows = [
+        [
+            _scalar(r["path"]),
+            _scalar(r["sha256"]),
+            _scalar(r["request_hash"]),
+            f"{_scalar(r['provider']['name'])} {_scalar(r['provider']['version'])}",
+            _scalar(r["status"]),
+            _ids(r["statement_ids"]),
+        ]
+        for r in research["results"]
+    ]
+    blocks.append(
+        _table(["Path", "SHA-256", "Request hash", "Provider", "Status", "Statement ids"], rows)
+        if rows
+        else NONE_SUPPLIED
+    )
     blocks += [_heading(3, "Supplied research files"), _ref_table(research["supplied"])]
     return blocks
 

@@ -299,7 +299,8 @@ def open_nofollow(base_dir: Path | str, relpath: str, flags: int = os.O_RDONLY, 
     a symlink anywhere on the way is ``REFERENCE_UNSAFE`` and an absent part
     is ``REFERENCE_MISSING``. For read-only opens the target must be a regular
     file or directory (a FIFO would block the open; a device is never
-    content) -> ``REFERENCE_UNSAFE``. ``O_CLOEXEC`` is always added.
+    content) -> ``REFERENCE_UNSAFE``. ``O_CLOEXEC`` is always added. With
+    ``O_CREAT|O_EXCL`` an existing name raises ``FileExistsError`` unchanged.
     """
     check_reference(relpath)
     parent, _, name = relpath.rpartition("/")

@@ -32,7 +32,7 @@ import struct
 import unicodedata
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from .errors import AdmissionError
 
@@ -45,6 +45,7 @@ __all__ = [
     "ZipArchive",
     "MAX_NAME_DEPTH",
     "MAX_PART_BYTES",
+    "MAX_NAME_BYTES",
     "name_problem",
     "fold_name",
     "NameRegistry",
@@ -61,6 +62,9 @@ deep trees are a cheap way to exhaust path-length limits on other systems."""
 MAX_PART_BYTES = 255
 """One path part longer than this (in UTF-8 bytes) cannot be created on ext4,
 APFS or NTFS; refusing it at listing time beats failing half-way through."""
+
+MAX_NAME_BYTES = 4096
+"""PATH_MAX; also what :func:`pipeline.workspace.check_reference` accepts."""
 
 CHUNK = 1 * MiB
 
@@ -122,7 +126,10 @@ def name_problem(name: str) -> str | None:
     Refused: empty; NUL; backslash; absolute (``/x``, ``//host/x``); a drive
     (``C:/x``, ``C:x``); an empty, ``.`` or ``..`` part; control, format (bidi,
     zero-width), surrogate or line/paragraph-separator characters; a part over
-    :data:`MAX_PART_BYTES` UTF-8 bytes; more than :data:`MAX_NAME_DEPTH` parts.
+    :data:`MAX_PART_BYTES` UTF-8 bytes; more than :data:`MAX_NAME_DEPTH` parts
+    or :data:`MAX_NAME_BYTES` in all. Everything accepted here is also a valid
+    content reference for :func:`pipeline.workspace.check_reference`, which
+    refuses a subset of the format characters refused here.
     A trailing ``/`` (a ZIP directory entry) must be stripped by the caller.
     """
     if not name:
@@ -138,6 +145,8 @@ def name_problem(name: str) -> str | None:
     for ch in name:
         if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
             return f"control or format character U+{ord(ch):04X} in name"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"longer than {MAX_NAME_BYTES} bytes"
     parts = name.split("/")
     if len(parts) > MAX_NAME_DEPTH:
         return f"deeper than {MAX_NAME_DEPTH} parts"
@@ -257,6 +266,19 @@ class _Raw:
     offset: int
     external_attr: int
     zip64: bool
+
+
+class _Local(NamedTuple):
+    """The fixed fields of a local header, as read."""
+
+    flags: int
+    method: int
+    crc: int
+    csize: int
+    usize: int
+    name_len: int
+    extra_len: int
+    data_offset: int
 
 
 def _pread_exact(fd: int, size: int, offset: int, what: str) -> bytes:
@@ -435,7 +457,7 @@ class ZipArchive:
 
     def _check_layout(self, raws: list[_Raw], cd_offset: int) -> list[ZipEntry]:
         """Read local headers; spans must tile [0, cd_offset); headers must agree."""
-        locals_: list[tuple[int, int, int, bytes, int, int, int, int, int, bytes]] = []
+        locals_: list[_Local] = []
         spans: list[tuple[int, int, int]] = []
         for i, raw in enumerate(raws):
             display = raw.name_bytes.decode("utf-8", "backslashreplace")
@@ -453,7 +475,7 @@ class ZipArchive:
             if raw.flags & _FLAG_DATA_DESCRIPTOR:
                 dd_len = self._data_descriptor_length(raw, data_end, cd_offset, display)
             spans.append((raw.offset, data_end + dd_len, i))
-            locals_.append((lflags, lmethod, lcrc, header, lcsize, lusize, nlen, elen, data_offset, b""))
+            locals_.append(_Local(lflags, lmethod, lcrc, lcsize, lusize, nlen, elen, data_offset))
         # RELIABILITY 11: overlapping spans are the non-recursive bomb; check
         # before comparing headers, whose disagreement would hide the cause.
         spans.sort()
@@ -474,7 +496,7 @@ class ZipArchive:
         if cursor != cd_offset:
             raise _invalid("unaccounted bytes between the last entry and the central directory")
         entries = []
-        for raw, (lflags, lmethod, lcrc, _h, lcsize, lusize, nlen, elen, data_offset, _) in zip(raws, locals_):
+        for raw, (lflags, lmethod, lcrc, lcsize, lusize, nlen, elen, data_offset) in zip(raws, locals_):
             display = raw.name_bytes.decode("utf-8", "backslashreplace")
             lvar = _pread_exact(self.fd, nlen + elen, raw.offset + _LOCAL.size, "a local header name")
             lname, lextra = lvar[:nlen], lvar[nlen:]

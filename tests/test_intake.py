@@ -451,9 +451,17 @@ def test_kill_at_random_moments_then_retry(tmp_path, big_source):
         time.sleep(rng.uniform(0.05, 1.0))
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
-        if proc.returncode == 0:
-            assert store_has(ws, "victim")  # finished before the kill: a complete case
+        if store_has(ws, "victim"):
+            # the commit point was passed before the kill (possibly during cleanup or exit):
+            # a complete case, and a second admission is refused
+            package = ws / "cases" / "victim" / "packages" / "hub-switch-2031"
+            stored = json.loads((package / "manifests" / "000001.json").read_text())
+            assert stored["files"]["original/runtime/big.bin"]["size"] == 40 << 20
+            assert (package / "content" / "original" / "runtime" / "big.bin").stat().st_size == 40 << 20
+            with pytest.raises(VianoError, match="CASE_EXISTS"):
+                admit(ws, "victim", big_source)
             continue
+        assert proc.returncode == -signal.SIGKILL
         killed += 1
         _assert_no_case_or_orphan(ws, "victim")
         manifest = admit(ws, "victim", big_source)
@@ -541,3 +549,17 @@ def test_append_source_hostile_zip(tmp_path):
         intake.read_append_source(corrupt, staging_dir=staging, progress=QUIET)
     assert exc.value.code == "ZIP_CRC_MISMATCH"
     assert os.listdir(staging) == []
+
+
+def test_symlinked_workspace_directories_are_not_written_through(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.symlink(elsewhere, ws / "cases")
+    assert_refused(ws, "x", SAMPLE, "REFERENCE_UNSAFE")
+    assert os.listdir(elsewhere) == []
+    os.unlink(ws / "cases")
+    os.symlink(elsewhere, ws / ".staging")
+    assert_refused(ws, "x", SAMPLE, "REFERENCE_UNSAFE")
+    assert os.listdir(elsewhere) == []

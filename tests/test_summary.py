@@ -346,9 +346,19 @@ def full_case(t=lambda s: s) -> dict:
         "database_context": [_ref(t("context/db/schema.sql"))],
         "source_context": [_ref(t("context/src/a.py")), _ref(t("context/src/b.py"))],
         "research": {
-            "request": {"format": "viano-research-request", "format_version": 1},
+            "request": {
+                "format": "viano-research-request", "format_version": 1, "case_id": "case-1",
+                "package_id": "pkg-1", "analysis_revision": 1, "project": {"name": "proj", "version": "1.0"},
+                "scope": "intended_behavior", "completeness": "reported_partial",
+                "bug": {"titles": ["Widget is red"], "summaries": []}, "entities": [],
+                "tester_expectations": [{"id": "E0001", "text": "should be blue"}],
+            },
             "request_hash": t("ef" * 32),
-            "results": [{"path": t("research/aa/result.json"), "status": "partial", "provider": {"name": t("p"), "version": t("1")}}],
+            "results": [
+                {"path": t("research/aa/result.json"), "sha256": t("12" * 32), "request_hash": t("ef" * 32),
+                 "provider": {"name": t("prov"), "version": t("2")}, "status": "partial",
+                 "statement_ids": [t("E0002"), t("E0003")]}
+            ],
             "supplied": [_ref(t("context/research/notes.txt"))],
         },
         "data_quality": {
@@ -456,6 +466,13 @@ def _check_tables(tokens):
             assert cells == width
 
 
+def test_synthetic_cases_follow_the_case_contract():
+    import contracts
+
+    contracts.validate("case", full_case())
+    contracts.validate("case", empty_case())
+
+
 def test_full_case_structure_and_content():
     case = full_case()
     text = render_summary(case)
@@ -476,6 +493,7 @@ def test_full_case_structure_and_content():
         "| NO\\_REPRODUCTIONS | no reproductions | reports\\/r1\\.json |",
         "| MISSING\\_INDEX | no index | \u2014 |",
         "| misc\\/unknown\\.bin | " + "ab" * 32 + " | 10 |",
+        "| research\\/aa\\/result\\.json | " + "12" * 32 + " | " + "ef" * 32 + " | prov 2 | partial | E0002, E0003 |",
     ]:
         assert needle in text, needle
 

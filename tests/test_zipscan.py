@@ -276,3 +276,26 @@ def test_nul_name_is_caught_although_zipfile_hides_it():
         assert exc.value.code == "ZIP_UNSAFE_PATH"
     finally:
         os.close(fd)
+
+
+def test_zip64_end_records(tmp_path):
+    data = _zip({"manifest.json": b"{}", "a.txt": b"abc"})
+    eocd_pos = data.rindex(b"PK\x05\x06")
+    _, _, _, _, count, cd_size, cd_offset, _ = struct.unpack_from("<4sHHHHLLH", data, eocd_pos)
+    body = data[:eocd_pos]
+    eocd64 = struct.pack("<4sQHHLLQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, cd_size, cd_offset)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, len(body), 1)
+    eocd = struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    zip64 = body + eocd64 + locator + eocd
+    with zipfile.ZipFile(io.BytesIO(zip64)) as zf:  # sanity: a real ZIP64 archive
+        assert zf.read("a.txt") == b"abc"
+    archive = _archive(tmp_path, zip64)
+    assert [e.name for e in archive.entries] == ["manifest.json", "a.txt"]
+    os.close(archive.fd)
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, zip64, ZipLimits(max_entries=1))
+    assert _code(exc) == "ZIP_TOO_MANY_ENTRIES"
+    # ZIP64 markers without the ZIP64 records
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, body + eocd)
+    assert _code(exc) == "ZIP_INVALID"
