@@ -94,7 +94,11 @@ class _Writer:
             items = [self.key(k) + self.colon + self.dump(v, parts + (k,)) for k, v in value.items()]
             if here and self.injection == "dup" and value:
                 first = next(iter(value))
-                items.append(self.key(first, force_escape=self.extra) + self.colon + json.dumps(value[first]))
+                # extra: 0 plain repeat, 1 key spelled with \u escapes, 2 a value whose
+                # escaped colon would balance the dropped pair's structural one.
+                spelled = self.key(first, force_escape=self.extra == 1)
+                repeat = '"\\u003a"' if self.extra == 2 else json.dumps(value[first])
+                items.append(spelled + self.colon + repeat)
             return "{" + self.comma.join(items) + "}"
         if isinstance(value, list):
             return "[" + self.comma.join(self.dump(v, parts + (i,)) for i, v in enumerate(value)) + "]"
@@ -115,7 +119,7 @@ def encoded_documents(draw):
     elif injection == "deep":
         extra = draw(st.integers(55, 70))
     elif injection == "dup":
-        extra = draw(st.booleans())
+        extra = draw(st.integers(0, 2))
     writer = _Writer(parts, injection, extra, draw(st.booleans()), draw(st.booleans()), draw(st.integers(0, 5)) == 0)
     text = writer.dump(document)
     framing = draw(st.sampled_from(["plain"] * 6 + ["ws", "bom", "trailing", "utf16", "badbyte", "truncate"]))
@@ -173,6 +177,8 @@ HOSTILE = [
     ("bug-report", _claim(b'{"a:b":1,"a\\u003ab":2}'), "JSON_DUPLICATE_KEY", "/observations/0/claim/value/a:b"),
     ("bug-report", R + b',"x":{"y":{"z":1,"z":{"q":"1:2:3"}}}}', "JSON_DUPLICATE_KEY", "/x/y/z"),
     ("bug-report", R + b',"format":"viano-bug-report"}', "JSON_DUPLICATE_KEY", "/format"),
+    ("bug-report", R + b',"a":1,"a":"\\u003a"}', "JSON_DUPLICATE_KEY", "/a"),
+    ("bug-report", R + b',"a":{"k":1},"a":"\\u003A"}', "JSON_DUPLICATE_KEY", "/a"),
     # 19 NaN / Infinity
     ("reproduction", _fact(b"NaN"), "JSON_NUMBER", "/facts/0/value"),
     ("reproduction", _fact(b"[Infinity]"), "JSON_NUMBER", "/facts/0/value/0"),

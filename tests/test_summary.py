@@ -30,17 +30,13 @@ from pipeline.summary import (
     visible_text,
 )
 
-try:  # optional: GFM autolinks need linkify-it-py
-    import linkify_it  # noqa: F401
+# Both are in the test extra: GFM autolinks need linkify-it-py, footnotes
+# need mdit-py-plugins. Importing them unconditionally keeps the hostile
+# linkify/footnote checks from silently dropping out of CI.
+import linkify_it  # noqa: F401
+from mdit_py_plugins.footnote import footnote_plugin
 
-    HAVE_LINKIFY = True
-except ImportError:  # pragma: no cover - depends on the environment
-    HAVE_LINKIFY = False
-
-try:  # optional: footnotes need mdit-py-plugins
-    from mdit_py_plugins.footnote import footnote_plugin
-except ImportError:  # pragma: no cover - depends on the environment
-    footnote_plugin = None
+HAVE_LINKIFY = True
 
 
 def _parsers() -> dict[str, MarkdownIt]:
@@ -217,7 +213,6 @@ def test_reliability_examples_render_as_literal_text(name, text):
     assert "<code" not in html and "<em" not in html and "<strong" not in html
 
 
-@pytest.mark.skipif(not HAVE_LINKIFY, reason="linkify-it-py not installed")
 def test_linkify_would_fire_without_escaping():
     """Guards the linkify test itself: the parser does linkify raw text."""
     tokens = PARSERS["gfm-like+linkify"].parse("www.example.com")
