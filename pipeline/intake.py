@@ -76,7 +76,6 @@ Progress = Callable[[str, int, int], None]
 """``progress(path, bytes_done, file_size)``, called after each chunk copied."""
 
 _MANIFEST_GENERATION_1 = "000001.json"
-_STAGE_PREFIX = "admit-"
 _STAGE_RE = re.compile(r"(?:admit|append)-(.+)-(\d+)-[0-9a-f]{12}")
 _SYNCFS_MIN_FILES = 8  # above this many files one syncfs beats a fsync per file
 _WRITEBACK_EVERY = 16 * MiB  # start writeback of large files early (Linux sync_file_range)

@@ -506,14 +506,16 @@ class ZipArchive:
                 raise _invalid("central directory and local header disagree on the method", display)
             if lflags != raw.flags:
                 raise _invalid("central directory and local header disagree on the flags", display)
-            if not raw.flags & _FLAG_DATA_DESCRIPTOR:
-                u64, c64, _o, _d, _ = _parse_zip64_extra(
-                    lextra, lusize == 0xFFFFFFFF, lcsize == 0xFFFFFFFF, False, False
-                )
-                lusize = u64 if u64 is not None else lusize
-                lcsize = c64 if c64 is not None else lcsize
-                if (lcrc, lcsize, lusize) != (raw.crc, raw.csize, raw.usize):
-                    raise _invalid("central directory and local header disagree on CRC or sizes", display)
+            u64, c64, _o, _d, _ = _parse_zip64_extra(lextra, lusize == 0xFFFFFFFF, lcsize == 0xFFFFFFFF, False, False)
+            lusize = u64 if u64 is not None else lusize
+            lcsize = c64 if c64 is not None else lcsize
+            if raw.flags & _FLAG_DATA_DESCRIPTOR:
+                # Streaming writers leave these zero; if present they must agree too.
+                for local, central in ((lcrc, raw.crc), (lcsize, raw.csize), (lusize, raw.usize)):
+                    if local not in (0, central):
+                        raise _invalid("central directory and local header disagree on CRC or sizes", display)
+            elif (lcrc, lcsize, lusize) != (raw.crc, raw.csize, raw.usize):
+                raise _invalid("central directory and local header disagree on CRC or sizes", display)
             name = self._decode_name(raw)
             is_dir = name.endswith("/")
             bare = name[:-1] if is_dir else name
@@ -537,9 +539,11 @@ class ZipArchive:
 
     def _data_descriptor_length(self, raw: _Raw, data_end: int, cd_offset: int, display: str) -> int:
         """Length of the data descriptor after an entry; its values must match the directory."""
-        widths = (8,) if raw.zip64 else (4,)
+        # The size width (4 or 8 bytes) follows the local header's ZIP64 use,
+        # which writers apply inconsistently; the values must match the
+        # central directory either way, which settles it.
         for with_sig in (True, False):
-            for width in widths:
+            for width in (4, 8):
                 length = (4 if with_sig else 0) + 4 + 2 * width
                 if data_end + length > cd_offset:
                     continue

@@ -83,8 +83,7 @@ def sample_zip(tmp_path: Path) -> Path:
     path = tmp_path / "sample.zip"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for file in sorted(SAMPLE.rglob("*")):
-            if file.is_file():
-                zf.write(file, file.relative_to(SAMPLE).as_posix())
+            zf.write(file, file.relative_to(SAMPLE).as_posix())  # directories become "name/" entries
     return path
 
 

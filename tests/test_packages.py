@@ -571,3 +571,28 @@ def test_child_without_crash_point_publishes(pkg):
     proc = _crash_child(pkg, None)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == _fresh(pkg).manifest(2)
+
+
+@pytest.mark.parametrize("theirs,code", [(b"mine", None), (b"theirs", "CONTENT_CONFLICT")])
+def test_content_path_race_at_link(pkg, monkeypatch, theirs, code):
+    """Another writer links the same content path between our check and our link."""
+    real_link = os.link
+
+    def racing_link(src, dst, *, src_dir_fd=None, dst_dir_fd=None, follow_symlinks=True):
+        if dst == "raced.bin":
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dst_dir_fd)
+            os.write(fd, theirs)
+            os.close(fd)
+        return real_link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(os, "link", racing_link)
+    if code is None:
+        m = PackageWriter(pkg).publish(1, {"raced.bin": b"mine"})
+        assert m["files"]["raced.bin"] == {"sha256": sha(b"mine"), "size": 4}
+    else:
+        with pytest.raises(VianoError) as info:
+            PackageWriter(pkg).publish(1, {"raced.bin": b"mine"})
+        assert info.value.code == code and info.value.path == "raced.bin"
+        assert pkg.current_generation() == 1
+    assert (pkg.content_dir / "raced.bin").read_bytes() == theirs
+    assert temps(pkg.dir) == []

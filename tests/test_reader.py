@@ -155,6 +155,17 @@ def test_fast_and_slow_paths_agree(case):
             assert _read_fast(data, name, max_bytes) is not None
 
 
+NUMBER_LITERALS = st.from_regex(r"\A-?(0|[1-9][0-9]{0,40})(\.[0-9]{1,40})?([eE][+-]?[0-9]{1,3})?\Z")
+
+
+@settings(max_examples=500, deadline=None)
+@given(NUMBER_LITERALS)
+def test_number_literals_parse_identically(literal):
+    # msgspec's own number parser must give the very int/float json.loads does.
+    data = b'{"format":"viano-reproduction","format_version":1,"facts":[{"name":"n","value":' + literal.encode() + b"}]}"
+    assert_parity(data, "reproduction")
+
+
 # -- hand-written hostile documents (RELIABILITY.md 18-25) ------------------
 
 R = b'{"format":"viano-bug-report","format_version":1'

@@ -144,14 +144,18 @@ def test_local_zip64_extra_and_data_descriptors(tmp_path):
             self.data += b
             return len(b)
 
-    sink = Unseekable()
-    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("streamed.txt", b"streamed\n" * 100)
-    archive = _archive(tmp_path, bytes(sink.data))
-    entry = archive.entries[0]
-    assert entry.flags & 0x08
-    assert b"".join(archive.iter_entry(entry)) == b"streamed\n" * 100
-    os.close(archive.fd)
+    for force_zip64 in (False, True):  # 4- and 8-byte data descriptor sizes
+        sink = Unseekable()
+        with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            with zf.open("streamed.txt", "w", force_zip64=force_zip64) as f:
+                f.write(b"streamed\n" * 100)
+            zf.writestr("second.txt", b"2")
+        archive = _archive(tmp_path, bytes(sink.data))
+        entry = archive.entries[0]
+        assert entry.flags & 0x08
+        assert b"".join(archive.iter_entry(entry)) == b"streamed\n" * 100
+        assert b"".join(archive.iter_entry(archive.entries[1])) == b"2"
+        os.close(archive.fd)
 
 
 def test_empty_archive(tmp_path):

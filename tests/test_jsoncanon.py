@@ -1,0 +1,202 @@
+"""pipeline/jsoncanon.py: strict decoding (RELIABILITY.md 18-26) and canonical hashing.
+
+One test per RELIABILITY item, each asserting the exact code and pointer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import contracts
+from pipeline.errors import CaseBuildError, ResearchError
+from pipeline.jsoncanon import (
+    MAX_SAFE_INTEGER,
+    canonical_bytes,
+    canonical_hash,
+    decode_strict,
+    json_pointer,
+    pretty_bytes,
+    read_bounded,
+    resolve_pointer,
+)
+
+MiB = 1 << 20
+
+
+def _fails(data: bytes, *, max_bytes: int = MiB, **kwargs):
+    with pytest.raises(CaseBuildError) as info:
+        decode_strict(data, max_bytes=max_bytes, path="in/x.json", **kwargs)
+    assert info.value.path == "in/x.json"
+    return info.value.code, info.value.pointer
+
+
+# 18
+def test_18_duplicate_keys_at_any_depth_however_spelled():
+    assert _fails(b'{"a":1,"a":2}') == ("JSON_DUPLICATE_KEY", "/a")
+    assert _fails(b'{"a":1,"\\u0061":2}') == ("JSON_DUPLICATE_KEY", "/a")
+    assert _fails(b'{"x":[0,{"b":1,"c":{"d":1,"d":1}}]}') == ("JSON_DUPLICATE_KEY", "/x/1/c/d")
+    assert _fails(b'{"a/b":{"~":1,"~":2}}') == ("JSON_DUPLICATE_KEY", "/a~1b/~0")
+    # the first offender in document order is named
+    assert _fails(b'{"p":{"q":1,"q":2},"r":1,"r":2}') == ("JSON_DUPLICATE_KEY", "/p/q")
+
+
+# 19
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_19_nan_and_infinity(literal):
+    assert _fails(b'{"a":[1,{"b":' + literal + b"}]}") == ("JSON_NUMBER", "/a/1/b")
+
+
+# 20
+def test_20_numbers_outside_the_interoperable_range():
+    assert _fails(b'{"f":1e400}') == ("JSON_NUMBER", "/f")
+    assert _fails(b'{"f":-1e400}') == ("JSON_NUMBER", "/f")
+    assert _fails(b'{"i":' + b"7" * 5000 + b"}") == ("JSON_NUMBER", "/i")
+    assert _fails(b'{"i":9007199254740992}') == ("JSON_NUMBER", "/i")
+    assert _fails(b'{"i":[-9007199254740992]}') == ("JSON_NUMBER", "/i/0")
+    assert decode_strict(b"[9007199254740991,-9007199254740991,1e-400,1.5e308]", max_bytes=MiB) == [
+        MAX_SAFE_INTEGER,
+        -MAX_SAFE_INTEGER,
+        0.0,
+        1.5e308,
+    ]
+
+
+# 21
+def test_21_depth_is_bounded_before_parsing():
+    assert _fails(b"[" * 100_000 + b"]" * 100_000) == ("JSON_TOO_DEEP", None)
+    assert _fails(b"[" * 65 + b"]" * 65) == ("JSON_TOO_DEEP", None)
+    assert decode_strict(b"[" * 64 + b"]" * 64, max_bytes=MiB) is not None
+    # brackets inside strings do not count
+    assert decode_strict(b'{"s":"' + b"[" * 200 + b'"}', max_bytes=MiB) == {"s": "[" * 200}
+    assert _fails(b"[" * 11 + b"]" * 11, max_depth=10) == ("JSON_TOO_DEEP", None)
+
+
+# 22
+def test_22_only_plain_utf8_without_lone_surrogates():
+    assert _fails(b'\xef\xbb\xbf{"a":1}') == ("JSON_ENCODING", None)
+    assert _fails('{"a":1}'.encode("utf-16")) == ("JSON_ENCODING", None)
+    assert _fails('{"a":1}'.encode("utf-16-le")) == ("JSON_ENCODING", None)
+    assert _fails('{"a":1}'.encode("utf-32")) == ("JSON_ENCODING", None)
+    assert _fails(b'{"a":"\xff"}') == ("JSON_ENCODING", None)
+    assert _fails(b'{"a":"\xed\xa0\x80"}') == ("JSON_ENCODING", None)  # an encoded surrogate
+    assert _fails(b'{"a":["ok","\\ud800"]}') == ("JSON_ENCODING", "/a/1")
+    assert _fails(b'{"a":{"\\udc00":1}}') == ("JSON_ENCODING", "/a/\\udc00")
+    assert decode_strict(b'["\\ud83d\\ude00"]', max_bytes=MiB) == ["\U0001f600"]
+
+
+# 23
+def test_23_control_characters_and_trailing_data():
+    assert _fails(b'{"a":"x\x01y"}') == ("JSON_SYNTAX", None)
+    assert _fails(b'{"a":"x\ny"}') == ("JSON_SYNTAX", None)
+    assert _fails(b'{"a":1} {"b":2}') == ("JSON_SYNTAX", None)
+    assert _fails(b'{"a":1}x') == ("JSON_SYNTAX", None)
+    assert _fails(b'{"a":1,}') == ("JSON_SYNTAX", None)
+    assert _fails(b"") == ("JSON_SYNTAX", None)
+    assert decode_strict(b' \t\r\n{"a":"x\\u0001y"}\n', max_bytes=MiB) == {"a": "x\x01y"}
+
+
+# 24
+def test_24_size_is_checked_before_parsing(tmp_path):
+    # Garbage over the limit is refused for its size, proving nothing was parsed.
+    assert _fails(b"\xff" * 101, max_bytes=100) == ("LIMIT_EXCEEDED", None)
+    assert decode_strict(b'"' + b"a" * 98 + b'"', max_bytes=100) == "a" * 98
+    big = tmp_path / "big.json"
+    big.write_bytes(b"[" + b"0," * 100 + b"0]")
+    with pytest.raises(CaseBuildError) as info:
+        read_bounded(big, 100, label="big.json")
+    assert (info.value.code, info.value.path) == ("LIMIT_EXCEEDED", "big.json")
+    assert read_bounded(big, os.path.getsize(big)) == big.read_bytes()
+
+
+# 25
+def test_25_schema_gaps_are_closed_on_decoded_documents():
+    # decode_strict keeps 1.0 a float, so the contracts can refuse it as an integer ...
+    document = decode_strict(b'{"format":"viano-bug-report","format_version":1.0}', max_bytes=MiB)
+    assert type(document["format_version"]) is float
+    with pytest.raises(CaseBuildError) as info:
+        contracts.validate("bug-report", document)
+    assert (info.value.code, info.value.pointer) == ("UNSUPPORTED_VERSION", "/format_version")
+    # ... and date-time is really checked.
+    naive = decode_strict(
+        b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"x","observed_at":"2024-01-01T10:00:00"}]}',
+        max_bytes=MiB,
+    )
+    with pytest.raises(CaseBuildError) as info:
+        contracts.validate("bug-report", naive)
+    assert (info.value.code, info.value.pointer) == ("SCHEMA_VIOLATION", "/observations/0/observed_at")
+
+
+def test_the_error_type_is_the_callers():
+    with pytest.raises(ResearchError) as info:
+        decode_strict(b"{", max_bytes=10, error=ResearchError)
+    assert info.value.code == "JSON_SYNTAX"
+    with pytest.raises(TypeError):
+        decode_strict("{}", max_bytes=10)
+
+
+# 26 -- canonical form and hashing
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _shuffled(value, rng: random.Random):
+    if isinstance(value, dict):
+        items = [(k, _shuffled(v, rng)) for k, v in value.items()]
+        rng.shuffle(items)
+        return dict(items)
+    if isinstance(value, list):
+        return [_shuffled(v, rng) for v in value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES, st.integers(0, 2**32), st.sampled_from([None, 0, 2, "\t"]), st.booleans())
+def test_26_hash_is_invariant_under_key_order_and_whitespace(value, seed, indent, ascii_only):
+    other = json.dumps(_shuffled(value, random.Random(seed)), indent=indent, ensure_ascii=ascii_only)
+    decoded = decode_strict(other.encode("utf-8"), max_bytes=16 * MiB)
+    assert canonical_bytes(decoded) == canonical_bytes(value)
+    assert canonical_hash(decoded) == canonical_hash(value) == hashlib.sha256(canonical_bytes(value)).hexdigest()
+    # the canonical bytes are themselves strict JSON that round-trips
+    assert canonical_bytes(decode_strict(canonical_bytes(value), max_bytes=16 * MiB)) == canonical_bytes(value)
+
+
+def test_26_canonical_form_details():
+    assert canonical_bytes({"b": 1, "a": [1.0, 2.5, -0.0], "é": "温度"}) == '{"a":[1,2.5,0],"b":1,"é":"温度"}'.encode()
+    assert canonical_hash({"x": 1}) == canonical_hash({"x": 1.0})
+    with pytest.raises(ValueError):
+        canonical_bytes({"x": float("nan")})
+
+
+def test_non_ascii_is_written_raw():
+    value = {"title": "Schalter löst nicht aus — 温度 \U0001f600"}
+    assert "Schalter löst nicht aus — 温度 \U0001f600".encode() in canonical_bytes(value)
+    assert b"\\u" not in canonical_bytes(value)
+    pretty = pretty_bytes(value)
+    assert "温度".encode() in pretty and b"\\u" not in pretty
+    assert pretty.endswith(b"}\n") and b'\n  "title"' in pretty
+
+
+def test_pointers_round_trip():
+    document = {"a/b": {"~x": [10, {"": 1}]}}
+    pointer = json_pointer(["a/b", "~x", 1, ""])
+    assert pointer == "/a~1b/~0x/1/"
+    assert resolve_pointer(document, pointer) == 1
+    assert resolve_pointer(document, "") is document
+    for bad in ("/nope", "/a~1b/~0x/01", "/a~1b/~0x/5", "x"):
+        with pytest.raises(KeyError):
+            resolve_pointer(document, bad)
