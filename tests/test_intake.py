@@ -137,7 +137,7 @@ def test_fixture_generators_are_reproducible(tmp_path):
     subprocess.run([sys.executable, str(HOSTILE / "make_hostile.py"), "--out", str(tmp_path / "h")], check=True)
     for name in list(EXPECTED) + ["expected.json"]:
         assert (tmp_path / "h" / name).read_bytes() == (HOSTILE / name).read_bytes(), name
-    subprocess.run([sys.executable, str(SAMPLE / "make_sample.py"), "--out", str(tmp_path / "s")], check=True)
+    subprocess.run([sys.executable, str(SAMPLE.parent / "make_sample.py"), "--out", str(tmp_path / "s")], check=True)
     for file in (tmp_path / "s").rglob("*"):
         if file.is_file():
             assert file.read_bytes() == (SAMPLE / file.relative_to(tmp_path / "s")).read_bytes(), file
