@@ -409,11 +409,23 @@ def _problem(doc) -> tuple[str, str] | None:
 
 
 def _schema_check(doc: dict, label: str) -> None:
-    """Validate against contracts' package-manifest schema, when contracts/ provides it."""
+    """Validate against contracts' package-manifest schema, when contracts/ provides it.
+
+    The msgspec Struct (held in parity with the schema by tests) accepts a
+    valid manifest quickly; jsonschema runs only to explain a refusal.
+    """
     try:
+        import msgspec
+
         import contracts  # lazily: contracts/ is optional for this module's own checks
+        from contracts.structs import STRUCTS
     except ImportError:
         return
+    try:
+        msgspec.convert(doc, STRUCTS["package-manifest"])
+        return
+    except (msgspec.ValidationError, KeyError):
+        pass
     validate = getattr(contracts, "validate", None)
     if validate is None:
         return

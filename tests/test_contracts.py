@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 import contracts
+import contracts.schemas
 from contracts.structs import MAX_SAFE_INTEGER, STRUCTS, is_date_time
 from pipeline.errors import AdmissionError, CaseBuildError
 
@@ -279,7 +280,7 @@ def test_a_remote_ref_is_never_fetched(no_network):
         schema, registry=contracts.REGISTRY, format_checker=Draft202012Validator.FORMAT_CHECKER
     )
     with pytest.raises(CaseBuildError) as info:
-        contracts._validate_with(checker, "test-remote", {"x": 1}, path="t.json", error=CaseBuildError)  # noqa: SLF001
+        contracts.schemas._validate_with(checker, "test-remote", {"x": 1}, path="t.json", error=CaseBuildError)  # noqa: SLF001
     assert info.value.code == "CONTRACT_INVALID"
     assert "example.invalid" in info.value.message
     import referencing.exceptions

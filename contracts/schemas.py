@@ -1,0 +1,208 @@
+"""The bundled JSON Schema contracts and the one way to validate against them.
+
+(Imported lazily through the ``contracts`` package, so code that only needs
+the msgspec Structs never pays for importing jsonschema.)
+
+Every ``contracts/<name>-v1.schema.json`` shipped with this package is loaded
+once, at import, through :mod:`importlib.resources` and registered in one
+immutable :data:`REGISTRY` under its ``$id`` (``urn:viano:<name>-v1``). The
+registry's retrieve function refuses every URI it does not hold, so a ``$ref``
+to anything that is not bundled is a controlled error and never a network
+fetch (jsonschema without an explicit ``registry=`` would fetch remote refs).
+
+Validators are Draft 2020-12 with two guarantees a default validator lacks:
+
+* ``date-time`` is really checked: the format checker is always passed, and
+  importing this package fails if ``rfc3339-validator`` is missing (without it
+  jsonschema silently accepts any string as a date-time);
+* ``integer`` means a JSON integer: ``1.0`` is not an integer here
+  (RELIABILITY.md 25), although the JSON Schema data model calls it one.
+
+:func:`validate` turns the first error (chosen deterministically) into a
+:class:`~pipeline.errors.CaseBuildError` carrying an RFC 6901 pointer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+from typing import Any
+
+import jsonschema.validators
+import referencing
+import referencing.exceptions
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+from referencing.jsonschema import DRAFT202012
+
+from pipeline.errors import CaseBuildError, VianoError
+from pipeline.jsoncanon import json_pointer
+
+__all__ = [
+    "REGISTRY",
+    "SCHEMA_IDS",
+    "SCHEMAS",
+    "FORMATS",
+    "Validator",
+    "schema_id",
+    "validator",
+    "validate",
+]
+
+_SUFFIX = "-v1.schema.json"
+_ID_PREFIX = "urn:viano:"
+_MAX_SCHEMA_BYTES = 4 << 20
+
+if "date-time" not in Draft202012Validator.FORMAT_CHECKER.checkers:  # pragma: no cover - install check
+    raise ImportError("rfc3339-validator is required: without it date-time formats are not checked")
+
+
+def _is_json_integer(checker, instance: object) -> bool:
+    # bool is an int subclass in Python and 1.0 is "integral" to jsonschema;
+    # neither is a JSON integer for our contracts.
+    return type(instance) is int
+
+
+#: Draft 2020-12 with ``integer`` restricted to real integers (see module doc).
+Validator = jsonschema.validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_json_integer),
+)
+
+
+def _refuse_retrieval(uri: str):
+    """Registry retrieve hook: nothing outside the bundle is ever fetched."""
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+def _load_bundle() -> tuple[dict[str, dict], referencing.Registry]:
+    schemas: dict[str, dict] = {}
+    resources = []
+    for entry in sorted(importlib.resources.files("contracts").iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(_SUFFIX) or not entry.is_file():
+            continue
+        name = entry.name[: -len(_SUFFIX)]
+        data = entry.read_bytes()
+        if len(data) > _MAX_SCHEMA_BYTES:
+            raise ImportError(f"contract {entry.name} is larger than {_MAX_SCHEMA_BYTES} bytes")
+        schema = json.loads(data)
+        expected_id = f"{_ID_PREFIX}{name}-v1"
+        if schema.get("$id") != expected_id:
+            raise ImportError(f"contract {entry.name} must have $id {expected_id!r}")
+        if schema.get("$schema") != "https://json-schema.org/draft/2020-12/schema":
+            raise ImportError(f"contract {entry.name} is not a Draft 2020-12 schema")
+        schemas[name] = schema
+        resources.append((expected_id, DRAFT202012.create_resource(schema)))
+    registry = referencing.Registry(retrieve=_refuse_retrieval).with_resources(resources).crawl()
+    return schemas, registry
+
+
+SCHEMAS: dict[str, dict]
+REGISTRY: referencing.Registry
+SCHEMAS, REGISTRY = _load_bundle()
+
+#: name -> ``$id``, for every bundled contract (``"bug-report"`` -> ``"urn:viano:bug-report-v1"``).
+SCHEMA_IDS: dict[str, str] = {name: schema["$id"] for name, schema in SCHEMAS.items()}
+
+#: name -> the ``format`` string its documents must declare (contracts without a
+#: ``format`` constant are absent here and get no version pre-check).
+FORMATS: dict[str, str] = {
+    name: schema["properties"]["format"]["const"]
+    for name, schema in SCHEMAS.items()
+    if isinstance(schema.get("properties", {}).get("format"), dict) and "const" in schema["properties"]["format"]
+}
+
+
+def schema_id(name: str) -> str:
+    """The ``$id`` of contract ``name``; ``KeyError`` if it is not bundled."""
+    return SCHEMA_IDS[name]
+
+
+@functools.cache
+def validator(name: str) -> Draft202012Validator:
+    """The validator of contract ``name``, built once with the bundled registry
+    and the active format checker."""
+    if name not in SCHEMAS:
+        raise KeyError(f"no bundled contract named {name!r}")
+    return Validator(
+        SCHEMAS[name],
+        registry=REGISTRY,
+        format_checker=Draft202012Validator.FORMAT_CHECKER,
+    )
+
+
+def _path_key(parts) -> tuple:
+    # Mixed str/int paths do not compare; rank indices numerically, keys by text.
+    return tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in parts)
+
+
+def _error_parts(error: ValidationError) -> list:
+    """Where the error is, extended to the offending member for unknown fields."""
+    parts = list(error.absolute_path)
+    if error.validator == "additionalProperties" and error.validator_value is False and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {})
+        extras = sorted(key for key in error.instance if key not in known and not error.schema.get("patternProperties"))
+        if extras:
+            parts.append(extras[0])
+    return parts
+
+
+def _version_problem(name: str, document: Any, path: str | None) -> CaseBuildError | None:
+    expected = FORMATS.get(name)
+    if expected is None or not isinstance(document, dict):
+        return None
+    declared = document.get("format")
+    if declared != expected:
+        return CaseBuildError(
+            "UNSUPPORTED_VERSION",
+            f"format must be {expected!r}, got {declared!r}" if "format" in document else f"format {expected!r} is missing",
+            path=path,
+            pointer="/format",
+        )
+    version = document.get("format_version")
+    if type(version) is not int or version != 1:
+        return CaseBuildError(
+            "UNSUPPORTED_VERSION",
+            f"{expected} format_version must be the integer 1, got {version!r}"
+            if "format_version" in document
+            else f"{expected} format_version is missing",
+            path=path,
+            pointer="/format_version",
+        )
+    return None
+
+
+def _validate_with(
+    checker: Draft202012Validator, name: str, document: Any, *, path: str | None, error: type[VianoError]
+) -> None:
+    problem = _version_problem(name, document, path)
+    if problem is not None:
+        raise error(problem.code, problem.message, path=path, pointer=problem.pointer)
+    try:
+        errors = list(checker.iter_errors(document))
+    except referencing.exceptions.Unresolvable as exc:
+        raise error("CONTRACT_INVALID", f"contract {name} refers to {exc} which is not bundled", path=path) from None
+    if not errors:
+        return
+    first = min(errors, key=lambda e: (_path_key(_error_parts(e)), e.message))
+    raise error(
+        "SCHEMA_VIOLATION",
+        f"{name}: {first.message}",
+        path=path,
+        pointer=json_pointer(_error_parts(first)),
+    )
+
+
+def validate(name: str, document: Any, *, path: str | None = None, error: type[VianoError] = CaseBuildError) -> None:
+    """Check ``document`` against contract ``name`` or raise ``error``.
+
+    ``UNSUPPORTED_VERSION`` (pointer ``/format`` or ``/format_version``) when
+    the declared format is not the contract's or format_version is not the
+    integer 1; otherwise ``SCHEMA_VIOLATION`` with the RFC 6901 pointer of the
+    first error ordered by (location, message), indices numerically, so the
+    same document always reports the same error. Unknown fields are reported
+    at the unknown member itself.
+    """
+    _validate_with(validator(name), name, document, path=path, error=error)
+
