@@ -141,7 +141,7 @@ def task_read_input():
             "name": doc["path"],
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
                                    doc["path"], doc["sha256"], doc["size"], doc["contract"]])],
-            "targets": [str(cache.document(doc["sha256"], doc["contract"]))],
+            "targets": [str(cache.document(doc["path"], doc["sha256"], doc["contract"]))],
             "uptodate": [config_changed(key)],
         }
 
@@ -160,7 +160,7 @@ def task_hash_context():
             "name": ref["path"],
             "actions": [(guarded, ["pipeline.build:step_hash_context", root, case_id, plan["package_id"],
                                    ref["path"], ref["sha256"], ref["size"]])],
-            "targets": [str(cache.opaque(ref["sha256"], ref["size"]))],
+            "targets": [str(cache.opaque(ref["path"], ref["sha256"], ref["size"]))],
             "uptodate": [config_changed(key)],
         }
 

@@ -10,14 +10,22 @@ content (published files are only ever created with ``os.link``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
-from .jsoncanon import canonical_bytes, decode_strict
+import msgspec
+
+from .errors import IntegrityError
 
 __all__ = ["BuildCache"]
 
 _CACHE_RECORD_LIMIT = 64 * 1024 * 1024
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+def _path_key(path: str) -> str:
+    return hashlib.sha256(path.encode("utf-8")).hexdigest()[:16]
 
 
 class BuildCache:
@@ -38,11 +46,13 @@ class BuildCache:
     def store_state(self) -> Path:
         return self.root / "store-state.json"
 
-    def document(self, sha256: str, contract: str) -> Path:
-        return self.root / "documents" / f"{sha256}.{contract}.json"
+    def document(self, path: str, sha256: str, contract: str) -> Path:
+        # Keyed by content and path: doit refuses two tasks with one target,
+        # and two paths may hold identical bytes.
+        return self.root / "documents" / f"{sha256}.{contract}.{_path_key(path)}.json"
 
-    def opaque(self, sha256: str, size: int) -> Path:
-        return self.root / "opaque" / f"{sha256}.{size}.json"
+    def opaque(self, path: str, sha256: str, size: int) -> Path:
+        return self.root / "opaque" / f"{sha256}.{size}.{_path_key(path)}.json"
 
     @property
     def case_json(self) -> Path:
@@ -65,7 +75,18 @@ class BuildCache:
         os.replace(tmp, path)
 
     def write_json(self, path: Path, value) -> None:
-        self.write(path, canonical_bytes(value))
+        # Sorted keys make equal records byte-equal, which the content-hash
+        # checker relies on to skip tasks whose inputs did not change.
+        self.write(path, _ENCODER.encode(value))
 
     def read_json(self, path: Path):
-        return decode_strict(path.read_bytes(), max_bytes=_CACHE_RECORD_LIMIT, path=str(path.name))
+        """Read one record we wrote ourselves (msgspec: the strict reader's
+        duplicate-key and number checks guard untrusted input, not our cache)."""
+        with open(path, "rb") as handle:
+            data = handle.read(_CACHE_RECORD_LIMIT + 1)
+        if len(data) > _CACHE_RECORD_LIMIT:
+            raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
+        try:
+            return msgspec.json.decode(data)
+        except msgspec.DecodeError as error:
+            raise IntegrityError("INTEGRITY_ERROR", f"corrupt cache record: {error}", path=path.name) from None

@@ -31,10 +31,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         return rows
     cache = BuildCache(ws.cache_dir(case_id))
     for doc in plan["documents"]:
-        cached = cache.document(doc["sha256"], doc["contract"]).exists()
+        cached = cache.document(doc["path"], doc["sha256"], doc["contract"]).exists()
         rows.append((f"read_input:{doc['path']}", "up to date" if cached else "would run: not read yet (new input, or the cache was cleared)"))
     for ref in plan["opaque"]:
-        cached = cache.opaque(ref["sha256"], ref["size"]).exists()
+        cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()
         rows.append((f"hash_context:{ref['path']}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))
     try:
         cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None

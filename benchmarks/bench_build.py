@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Build benchmark at the default limits, measured side by side in one run.
+
+A package with 254 structured documents (199 reports, 55 reproductions; about
+7.5 MiB of JSON, one index) plus a context file of --context-mib MiB (default
+1024) is admitted, then:
+
+* cold build             ``doit build`` on a fresh workspace;
+* no-op rebuild          ``doit build`` again (best of --repeat), against a
+                         no-op ``doit`` run over the same number of trivial
+                         file tasks in a throwaway dodo (target ratio <= 1.3);
+* rebuild after append   ``doit reopen`` + ``doit append`` of one report, then
+                         ``doit build`` (target <= 15 % of the cold build);
+                         the task report must show one read_input and no
+                         hash_context executed.
+
+Prints times and ratios; absolute times are context only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DOIT = str(BIN / "doit")
+
+
+def _write_json(path: Path, value) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(value, indent=1, ensure_ascii=False).encode()
+    path.write_bytes(data)
+    return len(data)
+
+
+def _report(i: int) -> dict:
+    words = " ".join(f"word{(i * 7 + k) % 97}" for k in range(40))
+    return {
+        "format": "viano-bug-report",
+        "format_version": 1,
+        "title": f"Report {i}: switch misbehaves",
+        "summary": f"Summary {i} {words}",
+        "observations": [
+            {"text": f"Observation {i}.{k} {words}", "author": f"Tester {i % 9}",
+             "observed_at": "2026-03-14T07:00:12+01:00", "claim": {"key": f"k{k}", "value": k}}
+            for k in range(6)
+        ],
+        "comments": [{"text": f"Comment {i} {words}"}],
+        "tester_hypotheses": [{"text": f"Hypothesis {i} {words}"}],
+        "expected_behavior": [{"text": f"Expected {i} {words}"}],
+        "expected_behavior_complete": False,
+        "entities": [{"type": "device", "id": i % 17, "roles": ["focus"]}],
+    }
+
+
+def _reproduction(i: int, blob_kib: int) -> dict:
+    return {
+        "format": "viano-reproduction",
+        "format_version": 1,
+        "steps": [f"Step {k} of reproduction {i}" for k in range(8)],
+        "observations": [{"text": f"Reproduction {i} observation {k}"} for k in range(4)],
+        "facts": [{"name": f"trace{k}", "value": f"{i}-{k}-" + "x" * (blob_kib * 1024)} for k in range(6)]
+        + [{"name": "firmware", "value": "2.4.1"}],
+        "events_ref": "original/context/runtime.bin",
+    }
+
+
+def make_package(root: Path, context_mib: int) -> None:
+    reports = [f"original/reports/r{i:03d}.json" for i in range(199)]
+    repros = [f"original/reproductions/p{i:02d}.json" for i in range(55)]
+    total = 0
+    for i, rel in enumerate(reports):
+        total += _write_json(root / rel, _report(i))
+    for i, rel in enumerate(repros):
+        total += _write_json(root / rel, _reproduction(i, 19))
+    index = {
+        "format": "viano-case-inputs", "format_version": 1,
+        "reports": reports, "reproductions": repros,
+        "context": {"runtime": ["original/context/runtime.bin"], "database": [], "source": [], "research": []},
+        "attachments": [],
+    }
+    total += _write_json(root / "original/case-inputs.json", index)
+    _write_json(root / "manifest.json", {
+        "format": "viano-package", "format_version": 1, "package_id": "bench",
+        "project": {"name": "bench", "version": "1"}, "analysis_revision": 1,
+        "artifacts": {"case_inputs": "original/case-inputs.json"},
+    })
+    (root / "original/context").mkdir(parents=True, exist_ok=True)
+    block = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(32768))  # 1 MiB, deterministic
+    with open(root / "original/context/runtime.bin", "wb") as handle:
+        for _ in range(context_mib):
+            handle.write(block)
+    print(f"package: 254 documents + index, {total / 2**20:.2f} MiB structured JSON, {context_mib} MiB context")
+
+
+def doit(*args, cwd=REPO, check=True) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    result = subprocess.run([DOIT, *args], cwd=cwd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if check and result.returncode != 0:
+        sys.exit(f"doit {' '.join(args)} failed:\n{result.stderr}")
+    return elapsed, result
+
+
+TRIVIAL_DODO = '''
+from pathlib import Path
+
+N = {count}
+DOIT_CONFIG = {{"backend": "sqlite3", "dep_file": "deps.sqlite3", "verbosity": 0}}
+
+def touch(target):
+    Path(target).write_text("x")
+
+def task_step():
+    for i in range(N):
+        yield {{"name": str(i), "actions": [(touch, ["out/%d" % i])],
+               "file_dep": ["in/%d" % i], "targets": ["out/%d" % i]}}
+'''
+
+
+def trivial_noop(count: int, repeat: int, base: Path) -> float:
+    root = base / "trivial"
+    (root / "in").mkdir(parents=True)
+    (root / "out").mkdir()
+    for i in range(count):
+        (root / "in" / str(i)).write_text(str(i))
+    (root / "dodo.py").write_text(TRIVIAL_DODO.format(count=count))
+    doit("-f", str(root / "dodo.py"), cwd=root)
+    return min(doit("-f", str(root / "dodo.py"), cwd=root)[0] for _ in range(repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--context-mib", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="viano-bench-build-", dir=args.dir))
+    try:
+        source = base / "source"
+        make_package(source, args.context_mib)
+        ws = base / "ws"
+        wsvar = f"workspace={ws}"
+        admit_time, _ = doit("admit", "case=bench", f"source={source}", wsvar)
+        cold, result = doit("build", "case=bench", wsvar)
+        tasks = len(re.findall(r"^\.  ", result.stderr, re.M)) + 1  # + the build task itself
+        noop_runs = [doit("build", "case=bench", wsvar) for _ in range(args.repeat)]
+        noop = min(t for t, _ in noop_runs)
+        rerun = [l for l in noop_runs[-1][1].stderr.splitlines() if l.startswith(".  ")]
+        trivial = trivial_noop(tasks, args.repeat, base)
+
+        extra = base / "append"
+        _write_json(extra / "original/reports/new.json", _report(999))
+        _write_json(extra / "case-inputs.json", {
+            "format": "viano-case-inputs", "format_version": 1, "reports": ["original/reports/new.json"],
+        })
+        doit("reopen", "case=bench", "by=human:bench", "reason=benchmark append", wsvar)
+        doit("append", "case=bench", f"source={extra}", wsvar)
+        append_time, appended = doit("build", "case=bench", wsvar)
+        executed = [l[3:] for l in appended.stderr.splitlines() if l.startswith(".  ")]
+        read = [t for t in executed if t.startswith("read_input:")]
+        hashed = [t for t in executed if t.startswith("hash_context:")]
+
+        print(f"admission:                 {admit_time:.3f} s")
+        print(f"cold build:                {cold:.3f} s  ({tasks} tasks)")
+        print(f"no-op rebuild:             {noop:.3f} s  (tasks executed: {', '.join(t[3:] for t in rerun) or 'none'})")
+        print(f"no-op doit, {tasks} trivial tasks: {trivial:.3f} s")
+        print(f"ratio no-op / trivial:     {noop / trivial:.2f}  (target <= 1.3)")
+        print(f"rebuild after append:      {append_time:.3f} s  (executed: {', '.join(executed)})")
+        print(f"ratio append / cold:       {append_time / cold:.3f}  (target <= 0.15)")
+        print(f"re-read documents:         {read}  re-hashed files: {hashed or 'none'}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
