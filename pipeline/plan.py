@@ -260,12 +260,16 @@ def make_plan(package, snapshot_generation: int, limits: CaseBuilderLimits, *, r
     current = snapshot.get("artifacts", {}).get("case_inputs")
     if current:
         indexes[current] = read_index(current, snapshot)
+    # The prior case is the newest case published for an earlier revision. It
+    # is searched for from the newest manifest down, because once this
+    # revision's own case is published, artifacts.case points at that one.
     prior = None
-    prior_path = snapshot.get("artifacts", {}).get("case")
-    if prior_path:
-        match = GENERATED_RE.match(prior_path)
-        prior_revision = int(prior_path.split("/")[2]) if match else None
-        if prior_revision is not None and prior_revision < snapshot["analysis_revision"]:
+    for manifest in reversed(manifests):
+        prior_path = manifest.get("artifacts", {}).get("case")
+        if not prior_path or GENERATED_RE.match(prior_path) is None:
+            continue
+        if int(prior_path.split("/")[2]) < snapshot["analysis_revision"]:
             ref = _ref(prior_path, snapshot["files"])
             prior = {"ref": ref, "document": read_prior_case(ref, snapshot)}
+            break
     return plan_from_manifests(manifests=manifests, indexes=indexes, prior_case=prior, limits=limits)

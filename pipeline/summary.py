@@ -36,6 +36,7 @@ extension). URLs in citations are therefore inert text, not links.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
@@ -132,6 +133,7 @@ def _whitespace_ref(char: str) -> str:
     return f"&#x{ord(char):x};"
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def escape_inline(text: str) -> str:
     """Escape one supplied string into inert single-line Markdown.
 

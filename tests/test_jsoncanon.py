@@ -200,3 +200,18 @@ def test_pointers_round_trip():
     for bad in ("/nope", "/a~1b/~0x/01", "/a~1b/~0x/5", "x"):
         with pytest.raises(KeyError):
             resolve_pointer(document, bad)
+
+
+_PRETTY_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_PRETTY_VALUES)
+def test_pretty_bytes_equals_the_stdlib_indented_form(value):
+    reference = json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    assert pretty_bytes(value) == reference.encode("utf-8")

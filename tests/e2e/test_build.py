@@ -213,6 +213,11 @@ def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
         if key in by_key:
             assert statement["id"] == by_key[key]
     assert second["inputs"]["prior_case"]["path"] == "case/revisions/0001/case.json"
+    # rebuilding the published revision 2 is a no-op that still sees its prior case
+    noop = kit.doit("build", "case=c1", workspace=ws)
+    assert noop.returncode == 0, noop.stderr
+    assert ".  publish" not in noop.stderr and ".  assemble" not in noop.stderr
+    assert len(kit.manifests(ws, "c1")) == 6
     assert {s["id"] for s in second["human_observations"]["observations"]} == {"O0001", "O0002", "O0003", "O0004", "O0005", "O0006"}
 
 
