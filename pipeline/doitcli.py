@@ -18,6 +18,7 @@ lives here:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -102,6 +103,7 @@ def guarded(target: str, *args, **kwargs):
     return None
 
 
+@functools.cache
 def code_version() -> str:
     """sha256 over the builder's own code and contracts: a new builder rebuilds."""
     root = Path(__file__).resolve().parent.parent
