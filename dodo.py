@@ -59,66 +59,87 @@ def _unusable_variables():
 
 
 # ------------------------------------------------------------- commands
+#
+# One creator yields every command (and one the whole build chain): doit reads
+# each creator's source to order them, which costs a no-op rebuild ~1.5 ms per
+# creator; the basenames and docs are the same as one creator per command.
+
+_COMMANDS = (
+    ("admit", "cmd_admit", "Admit a bug package (ZIP or directory): doit admit case=ID source=PATH", ("source",)),
+    ("append", "cmd_append", "Append files and a returning case-inputs index: doit append case=ID source=PATH", ("source",)),
+    ("reopen", "cmd_reopen", "Open a new analysis revision: doit reopen case=ID by=SOURCE reason=TEXT", ("by", "reason")),
+    ("status", "cmd_status", "Show state, revision, generation, artifacts, checkpoints, pending tasks: doit status case=ID", ()),
+    ("export", "cmd_export", "Copy the current case.json, summary and manifest: doit export case=ID dest=DIR", ("dest",)),
+    ("probes", "cmd_probes", "Print probe candidates for an unresolved built case: doit probes case=ID", ()),
+)
 
 
-def task_admit():
-    """Admit a bug package (ZIP or directory): doit admit case=ID source=PATH"""
-    return _command("cmd_admit", task_admit.__doc__, case=CASE, source=get_var("source"), workspace=WORKSPACE)
-
-
-def task_append():
-    """Append files and a returning case-inputs index: doit append case=ID source=PATH"""
-    return _command("cmd_append", task_append.__doc__, case=CASE, source=get_var("source"), workspace=WORKSPACE)
-
-
-def task_reopen():
-    """Open a new analysis revision: doit reopen case=ID by=SOURCE reason=TEXT"""
-    return _command("cmd_reopen", task_reopen.__doc__, case=CASE, by=get_var("by"), reason=get_var("reason"), workspace=WORKSPACE)
-
-
-def task_status():
-    """Show state, revision, generation, artifacts, checkpoints, pending tasks: doit status case=ID"""
-    return _command("cmd_status", task_status.__doc__, case=CASE, workspace=WORKSPACE)
-
-
-def task_export():
-    """Copy the current case.json, summary and manifest: doit export case=ID dest=DIR"""
-    return _command("cmd_export", task_export.__doc__, case=CASE, dest=get_var("dest"), workspace=WORKSPACE)
-
-
-def task_probes():
-    """Print probe candidates for an unresolved built case: doit probes case=ID"""
-    return _command("cmd_probes", task_probes.__doc__, case=CASE, workspace=WORKSPACE)
+def task_commands():
+    """The lifecycle commands."""
+    for basename, function, doc, extra in _COMMANDS:
+        variables = {"case": CASE, "workspace": WORKSPACE, **{name: get_var(name) for name in extra}}
+        yield {"basename": basename, **_command(function, doc, **variables)}
 
 
 # ------------------------------------------------------------- the build
 
 
-def task_build():
-    """Build the case incrementally: doit build case=ID"""
+_CHAIN_DOCS = {
+    "build": "Build the case incrementally: doit build case=ID",
+    "validate_index": "Check the case-inputs index and plan the build (runs on every build)",
+    "assemble": "Assemble the canonical case from the plan and the cached inputs",
+    "render": "Render case_summary.md from case.json",
+    "publish": "Publish case.json, summary and case-built.json as one generation and confirm it",
+}
+
+
+def task_pipeline():
+    """The build chain: validate_index, assemble, render, publish, build."""
     context = _case_context()
     if context is None:
-        return {**_unusable_variables(), "doc": task_build.__doc__}
-    root, case_id, _ = context
-    return {
-        "doc": task_build.__doc__,
+        for basename, doc in _CHAIN_DOCS.items():
+            yield {"basename": basename, "doc": doc, **_unusable_variables()}
+        return
+    root, case_id, cache = context
+    stamp = config_changed({"code": code_version(), "builder": BUILDER_VERSION})
+    yield {
+        "basename": "validate_index",
+        "doc": _CHAIN_DOCS["validate_index"],
+        "actions": [(guarded, ["pipeline.build:step_validate_index", root, case_id])],
+        "targets": [str(cache.plan)],
+        "uptodate": [False],
+    }
+    yield {
+        "basename": "assemble",
+        "doc": _CHAIN_DOCS["assemble"],
+        "actions": [(guarded, ["pipeline.build:step_assemble", root, case_id])],
+        "file_dep": [str(cache.plan)],
+        "task_dep": ["read_input", "hash_context"],
+        "targets": [str(cache.case_json)],
+        "uptodate": [stamp],
+    }
+    yield {
+        "basename": "render",
+        "doc": _CHAIN_DOCS["render"],
+        "actions": [(guarded, ["pipeline.build:step_render", root, case_id])],
+        "file_dep": [str(cache.case_json)],
+        "targets": [str(cache.summary)],
+        "uptodate": [stamp],
+    }
+    yield {
+        "basename": "publish",
+        "doc": _CHAIN_DOCS["publish"],
+        "actions": [(guarded, ["pipeline.build:step_publish", root, case_id])],
+        "file_dep": [str(cache.plan), str(cache.case_json), str(cache.summary)],
+        "uptodate": [(publish_is_current, [root, case_id])],
+    }
+    yield {
+        "basename": "build",
+        "doc": _CHAIN_DOCS["build"],
         "actions": [(guarded, ["pipeline.build:report_build", root, case_id])],
         "task_dep": ["publish"],
         "uptodate": [False],
         "verbosity": 2,
-    }
-
-
-def task_validate_index():
-    """Check every case-inputs index and plan the build (runs on every build)"""
-    context = _case_context()
-    if context is None:
-        return _unusable_variables()
-    root, case_id, cache = context
-    return {
-        "actions": [(guarded, ["pipeline.build:step_validate_index", root, case_id])],
-        "targets": [str(cache.plan)],
-        "uptodate": [False],
     }
 
 
@@ -165,43 +186,3 @@ def task_hash_context():
         }
 
 
-def task_assemble():
-    """Assemble the canonical case from the plan and the cached inputs"""
-    context = _case_context()
-    if context is None:
-        return _unusable_variables()
-    root, case_id, cache = context
-    return {
-        "actions": [(guarded, ["pipeline.build:step_assemble", root, case_id])],
-        "file_dep": [str(cache.plan)],
-        "task_dep": ["read_input", "hash_context"],
-        "targets": [str(cache.case_json)],
-        "uptodate": [config_changed({"code": code_version(), "builder": BUILDER_VERSION})],
-    }
-
-
-def task_render():
-    """Render case_summary.md from case.json"""
-    context = _case_context()
-    if context is None:
-        return _unusable_variables()
-    root, case_id, cache = context
-    return {
-        "actions": [(guarded, ["pipeline.build:step_render", root, case_id])],
-        "file_dep": [str(cache.case_json)],
-        "targets": [str(cache.summary)],
-        "uptodate": [config_changed({"code": code_version(), "builder": BUILDER_VERSION})],
-    }
-
-
-def task_publish():
-    """Publish case.json, summary and case-built.json as one generation and confirm it"""
-    context = _case_context()
-    if context is None:
-        return _unusable_variables()
-    root, case_id, cache = context
-    return {
-        "actions": [(guarded, ["pipeline.build:step_publish", root, case_id])],
-        "file_dep": [str(cache.plan), str(cache.case_json), str(cache.summary)],
-        "uptodate": [(publish_is_current, [root, case_id])],
-    }

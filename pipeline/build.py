@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-
-import msgspec
 from pathlib import Path
 
 from . import BUILDER_VERSION
@@ -119,6 +117,8 @@ def document_readers(package, limits: CaseBuilderLimits):
     def read_index(path, manifest):
         data = package.read_verified(path, limits.document_bytes, manifest=manifest)
         return read_document(data, "case-inputs", path=path, max_bytes=limits.document_bytes)
+
+    import msgspec
 
     prior_cases: dict[str, dict] = {}
 

@@ -14,14 +14,13 @@ import hashlib
 import os
 from pathlib import Path
 
-import msgspec
+import json
 
 from .errors import IntegrityError
 
 __all__ = ["BuildCache"]
 
 _CACHE_RECORD_LIMIT = 64 * 1024 * 1024
-_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def _path_key(path: str) -> str:
@@ -77,16 +76,16 @@ class BuildCache:
     def write_json(self, path: Path, value) -> None:
         # Sorted keys make equal records byte-equal, which the content-hash
         # checker relies on to skip tasks whose inputs did not change.
-        self.write(path, _ENCODER.encode(value))
+        self.write(path, json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
     def read_json(self, path: Path):
-        """Read one record we wrote ourselves (msgspec: the strict reader's
+        """Read one record we wrote ourselves (plain ``json``: the strict reader's
         duplicate-key and number checks guard untrusted input, not our cache)."""
         with open(path, "rb") as handle:
             data = handle.read(_CACHE_RECORD_LIMIT + 1)
         if len(data) > _CACHE_RECORD_LIMIT:
             raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
         try:
-            return msgspec.json.decode(data)
-        except msgspec.DecodeError as error:
+            return json.loads(data)
+        except ValueError as error:
             raise IntegrityError("INTEGRITY_ERROR", f"corrupt cache record: {error}", path=path.name) from None
