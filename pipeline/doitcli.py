@@ -95,11 +95,9 @@ def guarded(target: str, *args, **kwargs):
     module_name, _, name = target.partition(":")
     function = getattr(importlib.import_module(module_name), name)
     try:
-        outcome = function(*args, **kwargs)
+        function(*args, **kwargs)
     except VianoError as error:
         return TaskFailed(str(error))
-    if isinstance(outcome, int) and not isinstance(outcome, bool) and outcome != 0:
-        return TaskFailed(f"EXIT_STATUS: {target} finished with status {outcome}")
     return None
 
 
