@@ -73,6 +73,7 @@ GAP_CODES: dict[str, str] = {
     "NO_REPORTS": "no bug report was supplied",
     "NO_REPRODUCTIONS": "no reproduction was supplied",
     "NO_EXPECTED_BEHAVIOR": "no expected behaviour was supplied",
+    "SUPERSEDED_INPUT": "an earlier index of this revision listed this file in a role the current index does not; it is kept as an unclassified input",
 }
 
 _NAMESPACES = ("O", "C", "T", "E", "F")
@@ -528,6 +529,8 @@ def assemble(snapshot: dict) -> dict:
         gaps.append(_gap("NO_REPRODUCTIONS"))
     if not expected["statements"]:
         gaps.append(_gap("NO_EXPECTED_BEHAVIOR"))
+    for path in snapshot.get("superseded", []):
+        gaps.append({**_gap("SUPERSEDED_INPUT"), "source": path})
     return case
 
 

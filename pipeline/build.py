@@ -20,7 +20,7 @@ from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
-from .plan import make_plan
+from .plan import check_limits, make_plan
 
 __all__ = [
     "CaseBuilder",
@@ -183,7 +183,10 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                 # input's sha256). Re-planning would read the same immutable bytes.
                 return cache.read_json(cache.plan)
             read_index, read_prior_case = document_readers(package, limits)
-            plan = make_plan(package, record.generation, limits, read_index=read_index, read_prior_case=read_prior_case)
+            plan = make_plan(
+                package, record.generation, limits,
+                read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
+            )
             confirmed = store.confirmed(case_id, plan["step_id"])
             if confirmed is not None and confirmed.request_hash != plan["request_hash"]:
                 raise CaseBuildError(
@@ -192,6 +195,11 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                 )
             if record.state == "COMPLETED" and confirmed is None:
                 raise CaseBuildError("REOPEN_REQUIRED", "the case is COMPLETED; reopen it first")
+            reuse = confirmed is not None
+            if not reuse:
+                # Limits bound new work only: a confirmed case is reused as it
+                # is even after a limit was lowered (seed 001).
+                check_limits(plan, limits)
             if record.state in ("VALIDATED", "REOPENED"):
                 store.advance(
                     case_id,
@@ -215,7 +223,10 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
         # Kept apart from the plan: it changes with every publication, and the
         # plan is a file_dep of assemble, which must not rerun for that.
         record = _store_record_after_start(ws, case_id)
-        cache.write_json(cache.store_state, {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits)})
+        cache.write_json(
+            cache.store_state,
+            {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": reuse},
+        )
     return plan
 
 
@@ -270,9 +281,10 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     limits = limits or CaseBuilderLimits()
     ws = _workspace(workspace_root)
     package = _package(ws, case_id, package_id)
-    data = package.read_verified(path, limits.document_bytes, manifest=_planned(path, sha256, size))
-    document = read_document(data, contract, path=path, max_bytes=limits.document_bytes)
     cache = _cache(ws, case_id)
+    bound = max(size, limits.document_bytes) if _reusing(cache) else limits.document_bytes
+    data = package.read_verified(path, bound, manifest=_planned(path, sha256, size))
+    document = read_document(data, contract, path=path, max_bytes=bound)
     cache.write_json(cache.document(path, sha256, contract), document)
 
 
@@ -348,6 +360,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
         "attachments": roles.get("attachments", []),
         "files": plan["files"],
         "unclassified": unclassified,
+        "superseded": plan.get("superseded", []),
         "prior_case": prior,
     }
 
@@ -383,6 +396,14 @@ def step_assemble(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
+    if _reusing(cache):
+        # A confirmed case is taken as published (after its contract check),
+        # never re-assembled: a changed limit or builder detail must not turn
+        # a reuse into a different document.
+        data = _published_bytes(ws, plan, "case", plan["limits"]["case_bytes"])
+        _check_case_contract(None, data, plan["outputs"]["case"])
+        cache.write(cache.case_json, data)
+        return
     case = assemble(_snapshot(cache, plan))
     data = pretty_bytes(case)
     _check_case_contract(case, data, plan["outputs"]["case"])
@@ -391,7 +412,21 @@ def step_assemble(workspace_root, case_id) -> None:
     cache.write(cache.case_json, data)
 
 
-def _check_case_contract(case: dict, data: bytes, path: str) -> None:
+def _reusing(cache: BuildCache) -> bool:
+    try:
+        return bool(cache.read_json(cache.store_state).get("reuse"))
+    except (OSError, VianoError):
+        return False
+
+
+def _published_bytes(ws, plan: dict, key: str, limit: int) -> bytes:
+    """A confirmed output, verified against the manifest that published it."""
+    package = _package(ws, plan["case_id"], plan["package_id"])
+    path = plan["outputs"][key]
+    return package.read_verified(path, max(limit, package.manifest()["files"].get(path, {}).get("size", 0)))
+
+
+def _check_case_contract(case: dict | None, data: bytes, path: str) -> None:
     """The case must meet its own contract. The msgspec Struct decides quickly;
     jsonschema runs only when it refuses, to name the precise pointer."""
     import msgspec
@@ -401,9 +436,11 @@ def _check_case_contract(case: dict, data: bytes, path: str) -> None:
 
     try:
         decode_case(data)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        if case is None:
+            case = msgspec.json.decode(data)
         contracts.validate("case", case, path=path)
-        raise CaseBuildError("SCHEMA_VIOLATION", "the assembled case does not meet case-v1", path=path)
+        raise CaseBuildError("SCHEMA_VIOLATION", "the case does not meet case-v1", path=path)
 
 
 def step_render(workspace_root, case_id) -> None:
@@ -413,6 +450,9 @@ def step_render(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
+    if _reusing(cache):
+        cache.write(cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
+        return
     case = cache.read_json(cache.case_json)  # written by assemble, already checked against case-v1
     data = render_summary(case).encode("utf-8")
     if len(data) > plan["limits"]["summary_bytes"]:

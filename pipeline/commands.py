@@ -126,7 +126,9 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 files = dict(staged.files)
                 if index_path in files:
                     raise AdmissionError("RESERVED_PATH", f"{index_path} is written by append itself", path=index_path)
-                _check_returning_index(decode_strict(index_bytes, max_bytes=limits.document_bytes), files, manifest)
+                returning = decode_strict(index_bytes, max_bytes=limits.document_bytes)
+                _check_returning_index(returning, files, manifest)
+                dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
                 new_manifest = PackageWriter(package).publish(
                     record.generation, files, artifacts={"case_inputs": index_path}
@@ -143,11 +145,43 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
         f"appended to case {case_id}: generation {new_manifest['package_generation']}, "
         f"{len(files)} new files, index {index_path}"
     )
+    if dropped:
+        _progress(
+            f"note: the returning index does not list {len(dropped)} input(s) the current index lists "
+            f"(they stay preserved, as unclassified inputs with a SUPERSEDED_INPUT gap, unless a prior "
+            f"case of an earlier revision already holds them): " + ", ".join(dropped[:5])
+            + (" ..." if len(dropped) > 5 else "")
+        )
+
+
+def _listed(index) -> list[str]:
+    from .plan import _index_roles
+
+    found = []
+    for _, _, listed in _index_roles(index):
+        found.extend(ref for ref in listed if isinstance(ref, str) and ref not in found)
+    return found
+
+
+def _no_longer_listed(package, manifest: dict, returning: dict, limits) -> list[str]:
+    """Inputs the current index lists that the returning one does not (a user
+    who meant to add to the inventory learns it here, not from a thinner case)."""
+    current = manifest.get("artifacts", {}).get("case_inputs")
+    if not current:
+        return []
+    try:
+        before = decode_strict(package.read_verified(current, limits.document_bytes, manifest=manifest),
+                               max_bytes=limits.document_bytes, path=current)
+    except VianoError:
+        return []
+    after = set(_listed(returning))
+    return [ref for ref in _listed(before) if ref not in after]
 
 
 def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None:
     """Every path a returning index lists is either new in this append or already
     in the package (then it is inherited, re-read from its immutable original)."""
+    from .plan import is_generated
     from .workspace import check_reference
 
     roles = [("reports", index.get("reports", [])), ("reproductions", index.get("reproductions", [])),
@@ -161,6 +195,11 @@ def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None
                 check_reference(ref)
             except VianoError as exc:
                 raise CaseBuildError(exc.code, exc.message, path="case-inputs.json", pointer=pointer) from None
+            if is_generated(ref):
+                raise CaseBuildError(
+                    "REFERENCE_UNSAFE", f"{ref!r} is written by the builder, not an input",
+                    path="case-inputs.json", pointer=pointer,
+                )
             if ref not in new_files and ref not in manifest["files"]:
                 raise CaseBuildError(
                     "REFERENCE_MISSING", f"{ref!r} is neither in this append nor in the package",
@@ -198,8 +237,19 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                     f"reopen needs a built or completed case; {case_id} is {record.state}"
                     + ("" if built else " without a confirmed case"),
                 )
+            generation = record.generation + 1
+            note = {
+                "format": "viano-reopen",
+                "format_version": 1,
+                "by": source,
+                "reason": text,
+                "from_revision": record.analysis_revision,
+                "to_revision": record.analysis_revision + 1,
+            }
             new_manifest = PackageWriter(package).publish(
-                record.generation, {}, analysis_revision=record.analysis_revision + 1
+                record.generation,
+                {f"inputs/{generation}/reopen.json": pretty_bytes(note)},
+                analysis_revision=record.analysis_revision + 1,
             )
             store.advance(
                 case_id, "reopen", expected_generation=record.generation,
@@ -224,12 +274,17 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     case_id, ws = _context(case, workspace)
     destination = Path(_required(dest, "dest"))
     limits = CaseBuilderLimits()
+    from .recovery import roll_forward
+    from .workspace import case_lock
+
     store = _existing_store(ws, case_id)
     try:
-        record = store.get(case_id)
+        with case_lock(ws, case_id):
+            record = store.get(case_id)
+            package = Package(ws, case_id, record.package_id)
+            record = roll_forward(store, package, case_id)  # a publication whose checkpoint was lost
     finally:
         store.close()
-    package = Package(ws, case_id, record.package_id)
     manifest = package.manifest(record.generation)
     artifacts = manifest.get("artifacts", {})
     if "case" not in artifacts:
@@ -239,19 +294,22 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         "case_summary.md": package.read_verified(artifacts["case_summary"], limits.summary_bytes, manifest=manifest),
         "manifest.json": pretty_bytes(manifest),
     }
-    if destination.exists() and not destination.is_dir():
-        raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
-    for name, data in outputs.items():
-        target = destination / name
-        if target.is_symlink():
-            raise CaseBuildError("CONTENT_CONFLICT", f"{target} is a symlink; refusing to write through it")
-        if target.exists():
-            if sha256_hex(target.read_bytes()) != sha256_hex(data):
-                raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
-    destination.mkdir(parents=True, exist_ok=True)
-    for name, data in outputs.items():
-        if not (destination / name).exists():
-            write_durable(destination, name, data)
+    try:
+        if destination.exists() and not destination.is_dir():
+            raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
+        for name, data in outputs.items():
+            target = destination / name
+            if target.is_symlink() or (target.exists() and not target.is_file()):
+                raise CaseBuildError("CONTENT_CONFLICT", f"{target} is not a regular file; not overwritten")
+            if target.exists():
+                if sha256_hex(target.read_bytes()) != sha256_hex(data):
+                    raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
+        destination.mkdir(parents=True, exist_ok=True)
+        for name, data in outputs.items():
+            if not (destination / name).exists():
+                write_durable(destination, name, data)
+    except OSError as error:
+        raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
     _out(f"exported case {case_id} (revision {manifest['analysis_revision']}, generation {manifest['package_generation']}) to {destination}")
 
 

@@ -30,7 +30,7 @@ from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .errors import VianoError
+from .errors import VianoError, one_line
 
 __all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "BUILD_TASKS"]
 
@@ -98,6 +98,11 @@ def guarded(target: str, *args, **kwargs):
         function(*args, **kwargs)
     except VianoError as error:
         return TaskFailed(str(error))
+    except OSError as error:
+        # The environment failed (disk full, permissions, a path that is not a
+        # directory): still one line with a code, never a traceback.
+        where = f" ({one_line(str(error.filename))})" if error.filename else ""
+        return TaskFailed(f"IO_ERROR: {one_line(error.strerror or str(error))}{where}")
     return None
 
 
@@ -155,5 +160,26 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         raise SystemExit(3)
     cache_dir = ws.cache_dir(case_id)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    config["dep_file"] = str(cache_dir / "doit.sqlite3")
+    dep_file = cache_dir / "doit.sqlite3"
+    _discard_if_corrupt(dep_file)
+    config["dep_file"] = str(dep_file)
     return config
+
+
+def _discard_if_corrupt(dep_file: Path) -> None:
+    """The dep file is disposable cache: a corrupt one is removed (under the
+    case lock) so doit starts afresh, instead of failing every build."""
+    import sqlite3
+
+    if not dep_file.exists():
+        return
+    try:
+        connection = sqlite3.connect(f"file:{dep_file}?mode=ro", uri=True)
+        try:
+            ok = connection.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError:
+        ok = False
+    if not ok:
+        dep_file.unlink()

@@ -30,11 +30,13 @@ from .limits import CaseBuilderLimits
 __all__ = [
     "CONTEXT_ROLES",
     "GENERATED_RE",
+    "CONTROL_RE",
     "make_plan",
     "step_id_for",
     "case_paths_for",
     "is_generated",
     "plan_from_manifests",
+    "check_limits",
 ]
 
 CONTEXT_ROLES = ("runtime", "database", "source", "research")
@@ -43,8 +45,14 @@ _DOCUMENT_ROLES = (("reports", "bug-report"), ("reproductions", "reproduction"))
 GENERATED_RE = re.compile(r"^case/revisions/[0-9]{4}/(case\.json|case_summary\.md|case-built\.json)$")
 
 
+#: Lifecycle records the builder writes beside the inputs (who reopened and why).
+CONTROL_RE = re.compile(r"^inputs/[0-9]+/reopen\.json$")
+
+
 def is_generated(path: str) -> bool:
-    return GENERATED_RE.match(path) is not None
+    """Builder-written outputs and control records: never payload, never hashed
+    into a request, never unclassified inputs."""
+    return GENERATED_RE.match(path) is not None or CONTROL_RE.match(path) is not None
 
 
 def step_id_for(analysis_revision: int) -> str:
@@ -102,9 +110,17 @@ def plan_from_manifests(
     indexes: dict[str, dict],
     prior_case: dict | None,
     limits: CaseBuilderLimits,
+    earlier_indexes: dict[str, dict] | None = None,
+    enforce_limits: bool = True,
 ) -> dict:
     """Pure part of planning: from the manifests 1..g (ascending), the parsed
-    indexes by path, and the prior case (``{"ref": REF, "document": case}``)."""
+    current index by path, the prior case (``{"ref": REF, "document": case}``)
+    and the leniently read earlier indexes (for SUPERSEDED_INPUT gaps).
+
+    ``enforce_limits=False`` plans without applying the size/count limits, so a
+    confirmed case can be recognised and reused after a limit was lowered
+    (limits are policy and never rewrite or block a confirmed case).
+    """
     snapshot = manifests[-1]
     files = snapshot["files"]
     revision = snapshot["analysis_revision"]
@@ -174,7 +190,6 @@ def plan_from_manifests(
     contracts = {role: contract for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result"))}
     documents = []
     seq = 0
-    structured_bytes = files[current]["size"] if current else 0
     for path, role in role_of.items():
         if role in contracts:
             documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq})
@@ -190,17 +205,14 @@ def plan_from_manifests(
             documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq})
             seq += 1
 
-    if current and files[current]["size"] > limits.document_bytes:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"index is {files[current]['size']} bytes, limit {limits.document_bytes}", path=current)
-    for doc in documents:
-        if doc["size"] > limits.document_bytes:
-            raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
-        structured_bytes += doc["size"]
-    counted = len(documents) + (1 if current else 0)
-    if counted > limits.documents:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}")
-    if structured_bytes > limits.aggregate_bytes:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}")
+    superseded = []
+    for index_path, earlier in (earlier_indexes or {}).items():
+        if index_path == current or not isinstance(earlier, dict):
+            continue
+        for _, _, listed in _index_roles(earlier):
+            for ref in listed if isinstance(listed, list) else []:
+                if isinstance(ref, str) and ref in files and ref not in role_of and ref not in superseded:
+                    superseded.append(ref)
 
     structured = set(history) | {d["path"] for d in documents}
     payload = sorted(p for p in files if not is_generated(p))
@@ -223,7 +235,7 @@ def plan_from_manifests(
         }
     )
 
-    return {
+    plan = {
         "builder_version": BUILDER_VERSION,
         "case_id": snapshot["case_id"],
         "package_id": snapshot["package_id"],
@@ -240,11 +252,40 @@ def plan_from_manifests(
         "opaque": opaque,
         "files": {p: files[p] for p in payload},
         "prior_case": prior_case["ref"] if prior_case else None,
+        "superseded": superseded,
         "limits": limits.to_dict(),
     }
+    if enforce_limits:
+        check_limits(plan, limits)
+    return plan
 
 
-def make_plan(package, snapshot_generation: int, limits: CaseBuilderLimits, *, read_index, read_prior_case) -> dict:
+def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
+    """CaseBuilderLimits, from manifest sizes, before anything is parsed."""
+    current = plan["index"]
+    structured_bytes = current["size"] if current else 0
+    if current and current["size"] > limits.document_bytes:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"index is {current['size']} bytes, limit {limits.document_bytes}", path=current["path"])
+    for doc in plan["documents"]:
+        if doc["size"] > limits.document_bytes:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
+        structured_bytes += doc["size"]
+    counted = len(plan["documents"]) + (1 if current else 0)
+    if counted > limits.documents:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}")
+    if structured_bytes > limits.aggregate_bytes:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}")
+
+
+def make_plan(
+    package,
+    snapshot_generation: int,
+    limits: CaseBuilderLimits,
+    *,
+    read_index,
+    read_prior_case,
+    enforce_limits: bool = True,
+) -> dict:
     """I/O edge of planning: load manifests 1..g, every index, the prior case.
 
     ``read_index(path, manifest) -> dict`` and ``read_prior_case(ref, manifest)
@@ -272,4 +313,25 @@ def make_plan(package, snapshot_generation: int, limits: CaseBuilderLimits, *, r
             ref = _ref(prior_path, snapshot["files"])
             prior = {"ref": ref, "document": read_prior_case(ref, snapshot)}
             break
-    return plan_from_manifests(manifests=manifests, indexes=indexes, prior_case=prior, limits=limits)
+    earlier = {}
+    for manifest in manifests:
+        path = manifest.get("artifacts", {}).get("case_inputs")
+        if path and path != current and path not in earlier:
+            earlier[path] = _read_leniently(package, path, snapshot, limits)
+    return plan_from_manifests(
+        manifests=manifests, indexes=indexes, prior_case=prior, limits=limits,
+        earlier_indexes=earlier, enforce_limits=enforce_limits,
+    )
+
+
+def _read_leniently(package, path: str, manifest: dict, limits: CaseBuilderLimits):
+    """An earlier, superseded index, only to name what it listed. It may be the
+    very index a correction replaced, so a malformed one is skipped, not fatal."""
+    from .errors import VianoError
+    from .jsoncanon import decode_strict
+
+    try:
+        data = package.read_verified(path, limits.document_bytes, manifest=manifest)
+        return decode_strict(data, max_bytes=limits.document_bytes, path=path)
+    except VianoError:
+        return None

@@ -8,7 +8,8 @@ the published manifests say, so a retry never creates another generation:
 
 * a generation holding this revision's ``case-built.json`` is a case
   publication -> confirm it (``case_built``) with its own step id and hash;
-* a generation that only raises ``analysis_revision`` by one is a reopen;
+* a generation that raises ``analysis_revision`` by one is a reopen (its
+  ``inputs/<generation>/reopen.json`` says who asked and why);
 * anything else is an intake (append, enrich).
 
 Callers hold the case lock.
@@ -16,11 +17,14 @@ Callers hold the case lock.
 
 from __future__ import annotations
 
+import os
+import stat
+
 from .errors import IntegrityError
 from .jsoncanon import decode_strict
 from .plan import case_paths_for
 
-__all__ = ["roll_forward"]
+__all__ = ["roll_forward", "remove_unpublished_content"]
 
 _CASE_BUILT_LIMIT = 1024 * 1024
 
@@ -39,9 +43,15 @@ def roll_forward(store, package, case_id: str):
         manifest = package.manifest(target)
         revision = record.analysis_revision
         outputs = case_paths_for(revision)
-        if manifest["analysis_revision"] == revision + 1 and manifest["files"] == previous["files"]:
+        if manifest["analysis_revision"] == revision + 1:
+            detail = {"recovered": True}
+            note = f"inputs/{target}/reopen.json"
+            if note in manifest["files"] and note not in previous["files"]:
+                data = package.read_verified(note, _CASE_BUILT_LIMIT, manifest=manifest)
+                recorded = decode_strict(data, max_bytes=_CASE_BUILT_LIMIT, path=note, error=IntegrityError)
+                detail = {"by": recorded.get("by"), "reason": recorded.get("reason"), "recovered": True}
             store.advance(case_id, "reopen", expected_generation=record.generation, new_generation=target,
-                          detail={"recovered": True})
+                          detail=detail)
         elif outputs["case_built"] in manifest["files"] and outputs["case_built"] not in previous["files"]:
             data = package.read_verified(outputs["case_built"], _CASE_BUILT_LIMIT, manifest=manifest)
             built = decode_strict(data, max_bytes=_CASE_BUILT_LIMIT, path=outputs["case_built"], error=IntegrityError)
@@ -60,4 +70,42 @@ def roll_forward(store, package, case_id: str):
         else:
             store.advance(case_id, "intake", expected_generation=record.generation, new_generation=target)
         record = store.get(case_id)
+    remove_unpublished_content(package)
     return record
+
+
+def remove_unpublished_content(package) -> list[str]:
+    """Remove content files no manifest lists: what a writer linked into
+    ``content/`` before it crashed, ahead of its manifest (RELIABILITY 37).
+
+    Such a file was never published (the manifest link is the commit point),
+    so removing it rewrites nothing; leaving it would make a later, different
+    publication of the same path fail with CONTENT_CONFLICT forever. Only safe
+    under the case lock, where no other writer of this package is between its
+    content and its manifest. Symlinks and other non-regular entries are left
+    alone (reads refuse them anyway).
+    """
+    generation = package.current_generation()
+    listed = set(package.manifest(generation)["files"]) if generation else set()
+    removed = []
+    root = package.content_dir
+    for dirpath, dirnames, names in os.walk(root, followlinks=False):
+        for name in names:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if rel in listed or not stat.S_ISREG(os.lstat(full).st_mode):
+                continue
+            os.unlink(full)
+            removed.append(rel)
+    if removed:
+        _fsync_dirs({os.path.dirname(os.path.join(root, rel)) for rel in removed})
+    return sorted(removed)
+
+
+def _fsync_dirs(directories) -> None:
+    for directory in sorted(directories):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

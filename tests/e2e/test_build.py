@@ -276,4 +276,6 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     case = _case(ws)
     assert "original/report-b.json" in [r["path"] for r in case["inputs"]["unclassified"]]
+    assert {"code": "SUPERSEDED_INPUT", "source": "original/report-b.json"}.items() <= next(
+        g for g in case["data_quality"]["gaps"] if g.get("source") == "original/report-b.json").items()
     assert [r["path"] for r in case["inputs"]["index_history"]] == ["original/case-inputs.json", "inputs/2/case-inputs.json"]

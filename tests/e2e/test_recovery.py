@@ -1,0 +1,167 @@
+"""End to end: recovery paths found by review — crashed publications leave
+nothing that blocks later work, reuse survives policy changes, every failure
+is one line, superseded inputs are visible."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+from pipeline.build import CaseBuilder
+from pipeline.lifecycle import CheckpointStore
+from pipeline.limits import CaseBuilderLimits
+from pipeline.workspace import Workspace
+from tests.e2e import kit
+from tests.e2e.test_build import standard_package
+
+
+def _admitted(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    result = kit.doit("admit", "case=c1", f"source={source}", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    return ws
+
+
+def _one_line_error(result, code: str) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith(code + ": ")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def _report_append(tmp_path: Path, name: str, listed: list[str]) -> Path:
+    return kit.make_append(
+        tmp_path / f"app-{name}",
+        files={f"original/{name}.json": kit.report(f"Report {name}", observations=[{"text": f"seen {name}"}])},
+        index=kit.index(reports=listed + [f"original/{name}.json"], reproductions=["original/repro.json"]),
+    )
+
+
+def test_build_crashed_before_its_manifest_does_not_block_an_append_and_rebuild(tmp_path):
+    ws = _admitted(tmp_path)
+    crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "publish:after-content"})
+    assert crashed.returncode != 0
+    orphan = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001" / "case.json"
+    assert orphan.exists()  # linked, but no manifest lists it
+    appended = kit.doit("append", "case=c1", f"source={_report_append(tmp_path, 'r9', ['original/report-a.json'])}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    manifest = json.loads(kit.manifests(ws, "c1")[-1].read_text())
+    assert manifest["artifacts"]["case"] == "case/revisions/0001/case.json"
+    case = json.loads(orphan.read_text())
+    assert case["case"]["package_generation"] == 2
+
+
+def test_append_crashed_before_its_manifest_can_be_retried_corrected(tmp_path):
+    ws = _admitted(tmp_path)
+    first = _report_append(tmp_path, "r9", ["original/report-a.json"])
+    crashed = kit.doit("append", "case=c1", f"source={first}", workspace=ws, env_extra={"VIANO_CRASH_AT": "publish:after-content"})
+    assert crashed.returncode != 0
+    corrected = kit.make_append(
+        tmp_path / "corrected",
+        files={"original/r9.json": kit.report("Report r9, corrected", observations=[{"text": "seen r9 again"}])},
+        index=kit.index(reports=["original/report-a.json", "original/r9.json"]),
+    )
+    retried = kit.doit("append", "case=c1", f"source={corrected}", workspace=ws)
+    assert retried.returncode == 0, retried.stderr
+    content = kit.package_dir(ws, "c1") / "content"
+    assert b"corrected" in (content / "original" / "r9.json").read_bytes()
+    assert [p.name for p in kit.manifests(ws, "c1")] == ["000001.json", "000002.json"]
+
+
+def test_a_superseded_input_is_a_visible_gap_and_the_append_says_so(tmp_path):
+    ws = _admitted(tmp_path)
+    thinner = _report_append(tmp_path, "r9", [])  # lists only the new report (and the reproduction)
+    appended = kit.doit("append", "case=c1", f"source={thinner}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+    assert "does not list" in appended.stderr and "original/report-a.json" in appended.stderr
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    case = json.loads((kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_text())
+    gaps = {(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]}
+    assert ("SUPERSEDED_INPUT", "original/report-a.json") in gaps
+    assert ("SUPERSEDED_INPUT", "original/db.sql") in gaps
+    assert "original/report-a.json" in [r["path"] for r in case["inputs"]["unclassified"]]
+
+
+def test_reuse_survives_lowered_limits_and_a_cleared_cache(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    published = kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json"
+    before = published.read_bytes()
+    shutil.rmtree(ws / ".cache")
+    store = CheckpointStore(Workspace(ws))
+    try:
+        tight = dataclasses.replace(CaseBuilderLimits(), documents=1, inline_fact_value=10**6)
+        result = CaseBuilder(store, tight).build("c1", "pkg-1")
+    finally:
+        store.close()
+    assert result["status"] == "reused"
+    assert published.read_bytes() == before
+    assert len(kit.manifests(ws, "c1")) == 2
+
+
+def test_a_crashed_reopen_keeps_who_and_why(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    crashed = kit.doit("reopen", "case=c1", "by=human:alice", "reason=new logs", workspace=ws,
+                       env_extra={"VIANO_CRASH_AT": "publish:after-manifest-link"})
+    assert crashed.returncode != 0
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert "not yet taken in: 3..3" in status.stdout  # status only observes
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)  # rolls the reopen forward, then builds r2
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    store = CheckpointStore(Workspace(ws))
+    try:
+        reopen = [c for c in store.checkpoints("c1") if c.transition == "reopen"][-1]
+    finally:
+        store.close()
+    assert reopen.detail["by"] == "human:alice" and reopen.detail["reason"] == "new logs"
+
+
+def test_export_after_a_lost_checkpoint_rolls_forward(tmp_path):
+    ws = _admitted(tmp_path)
+    crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "build:after-publish"})
+    assert crashed.returncode != 0
+    dest = tmp_path / "out"
+    exported = kit.doit("export", "case=c1", f"dest={dest}", workspace=ws)
+    assert exported.returncode == 0, exported.stderr
+    assert (dest / "case.json").exists()
+
+
+def test_append_cannot_list_a_generated_output(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=x", workspace=ws).returncode == 0
+    bad = kit.make_append(tmp_path / "bad", files={}, index=kit.index(reports=["case/revisions/0001/case.json"]))
+    before = kit.tree_digest(ws / "cases")
+    line = _one_line_error(kit.doit("append", "case=c1", f"source={bad}", workspace=ws), "REFERENCE_UNSAFE")
+    assert line.endswith("(case-inputs.json#/reports/0)")
+    assert kit.tree_digest(ws / "cases") == before
+
+
+def test_export_to_unusable_destinations_is_one_line(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    _one_line_error(kit.doit("export", "case=c1", f"dest={blocker}/sub", workspace=ws), "IO_ERROR")
+    clash = tmp_path / "clash"
+    (clash / "case.json").mkdir(parents=True)
+    _one_line_error(kit.doit("export", "case=c1", f"dest={clash}", workspace=ws), "CONTENT_CONFLICT")
+
+
+def test_a_corrupt_dep_file_is_discarded_not_fatal(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dep = ws / ".cache" / "c1" / "doit.sqlite3"
+    dep.write_bytes(b"this is not sqlite" * 100)
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert len(kit.manifests(ws, "c1")) == 2
+    sqlite3.connect(dep).execute("PRAGMA quick_check").fetchone()
