@@ -13,12 +13,25 @@ CheckpointStore. It is all-or-nothing:
   and writing overlap on two threads; ``hashlib`` and ``os.write`` release the
   GIL), so every byte is read once. CRC and length checks of ZIP members
   happen during this copy; a failure removes the staging tree.
-* The staged tree is made durable (per-file ``fsync``, or one ``syncfs`` for
-  many small files), then -- under the case lock -- renamed into
-  ``cases/<case_id>`` in one step, and the CheckpointStore row is inserted.
-  **The store row is the commit point.** A case directory without a row is the
-  orphan of a crashed admission: the next admission of that id removes it
-  (under the lock), as it removes staging trees whose writer process is gone.
+* The staged tree carries a marker file ``cases/<case_id>/.admission-pending``
+  (:data:`ADMISSION_MARKER`, beside ``packages/``, so never content). It is
+  made durable (per-file ``fsync``, or one ``syncfs`` for many small files),
+  then -- under the case lock -- renamed into ``cases/<case_id>`` in one step,
+  and the CheckpointStore row is inserted. **The store row is the commit
+  point.** Only then is the marker removed (and the directory fsynced).
+* A crashed admission is recognised *positively*: a case directory with no
+  store row is removed by the next admission of that id (under the lock, by
+  renaming it into ``.staging`` first, so a crash mid-removal leaves nothing in
+  ``cases/``) only when it holds the marker and exactly the tree an admission
+  writes (one package, only ``manifests/000001.json``). Any other case
+  directory without a store row -- the store was deleted, ``cases/`` was
+  copied into a new workspace, a case was built before its marker could be
+  cleared -- is refused with ``CASE_EXISTS`` and never touched: published
+  files stay byte-identical forever. A marker left in a committed case (a
+  crash between the store commit and its removal) is harmless and is removed
+  by the next admission attempt of that id, or by
+  :func:`clear_admission_marker`. Staging trees whose writer process is gone
+  are removed as well.
 
 A rejected source leaves the workspace byte-identical: staging trees, the
 ``.staging`` directory and a workspace root created by this call are removed.
@@ -61,7 +74,9 @@ __all__ = [
     "Progress",
     "StderrProgress",
     "AppendSource",
+    "ADMISSION_MARKER",
     "admit",
+    "clear_admission_marker",
     "read_append_source",
 ]
 
@@ -75,7 +90,12 @@ so ``Case/x`` cannot stand in for them on a case-insensitive filesystem."""
 Progress = Callable[[str, int, int], None]
 """``progress(path, bytes_done, file_size)``, called after each chunk copied."""
 
+ADMISSION_MARKER = ".admission-pending"
+"""File in ``cases/<case_id>/`` (outside ``packages/``) present until the store row is committed."""
+
 _MANIFEST_GENERATION_1 = "000001.json"
+_MARKER_BYTES = b"viano admission pending; the case is committed only once the CheckpointStore has its row\n"
+_MARKER_LIMIT = 4096
 _STAGE_RE = re.compile(r"(?:admit|append)-(.+)-(\d+)-[0-9a-f]{12}")
 _SYNCFS_MIN_FILES = 8  # above this many files one syncfs beats a fsync per file
 _WRITEBACK_EVERY = 16 * MiB  # start writeback of large files early (Linux sync_file_range)
@@ -468,8 +488,28 @@ def _require_real_dir(path: Path, label: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    except NotADirectoryError:
+        raise AdmissionError("INVALID_ARGUMENT", "the workspace path runs through a file that is not a directory", path=label) from None
+    except OSError as exc:
+        raise _io_error("inspecting the workspace", exc, label) from None
     if not stat.S_ISDIR(st.st_mode):
         raise AdmissionError("REFERENCE_UNSAFE", "workspace directory is a symlink or not a directory", path=label)
+
+
+def _require_workspace_root(root: Path) -> None:
+    """The workspace root is a directory (a symlink to one is fine) or does not exist yet."""
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return  # created on demand (and removed again if the admission is rejected)
+    except NotADirectoryError:
+        raise AdmissionError(
+            "INVALID_ARGUMENT", "the workspace path runs through a file that is not a directory", path=os.fspath(root)
+        ) from None
+    except OSError as exc:
+        raise _io_error("inspecting the workspace", exc, os.fspath(root)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise AdmissionError("INVALID_ARGUMENT", "the workspace is not a directory", path=os.fspath(root))
 
 
 def _io_error(what: str, exc: OSError, path: str | None = None) -> AdmissionError:
@@ -628,14 +668,17 @@ def _make_durable(staging: _Staging, many_files: bool) -> None:
         raise _io_error("fsync of the staged package", exc) from None
 
 
-def _write_new(path: Path, data: bytes, *, fsync: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+def _write_new(path: Path, data: bytes, *, fsync: bool, what: str = "writing the manifest") -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise _io_error(what, exc, path.name) from None
     try:
         _write_all(fd, data)
         if fsync:
             os.fsync(fd)
     except OSError as exc:
-        raise _io_error("writing the manifest", exc, path.name) from None
+        raise _io_error(what, exc, path.name) from None
     finally:
         os.close(fd)
 
@@ -727,20 +770,119 @@ def _stored_manifest(case_id: str, doc: dict, inventory: dict[str, dict]) -> dic
 # ------------------------------------------------------------------- admit
 
 
+def _marker_state(case_dir: Path) -> bool:
+    """True if ``case_dir`` (a real directory) holds our admission marker as a regular file with our bytes."""
+    try:
+        fd = os.open(case_dir / ADMISSION_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        return os.read(fd, _MARKER_LIMIT) == _MARKER_BYTES
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _listdir(path: Path) -> list[str] | None:
+    """Names in ``path`` if it is a real directory (not a symlink), else None."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+        return sorted(os.listdir(path))
+    except OSError:
+        return None
+
+
+def _not_a_crashed_admission(case_dir: Path) -> str | None:
+    """``None`` when ``case_dir`` is positively the tree of an interrupted admission, else why not.
+
+    Positive means: a real directory holding the marker and ``packages/`` and
+    nothing else, exactly one package, and in it ``content/`` plus
+    ``manifests/`` with only generation 1 -- what :func:`admit` renames into
+    place. A later generation (a build, append or publish happened), any
+    other file, or no marker means the directory is not ours to delete.
+    """
+    top = _listdir(case_dir)
+    if top is None:
+        return "it is not a directory"
+    if not _marker_state(case_dir):
+        return "it holds no admission marker"
+    if top != sorted([ADMISSION_MARKER, "packages"]):
+        return "it holds more than an admission writes"
+    packages = _listdir(case_dir / "packages")
+    if packages is None or len(packages) != 1:
+        return "it does not hold exactly one package"
+    package = case_dir / "packages" / packages[0]
+    if _listdir(package) != ["content", "manifests"] or _listdir(package / "content") is None:
+        return "its package holds more than an admission writes"
+    if _listdir(package / "manifests") != [_MANIFEST_GENERATION_1]:
+        return "its package has generations beyond the admitted one"
+    return None
+
+
+def _refuse_unrecorded(case_id: str, why: str) -> AdmissionError:
+    return AdmissionError(
+        "CASE_EXISTS",
+        f"cases/{case_id} exists but the store has no row for it and {why}, so it is not an interrupted "
+        "admission; it was left untouched (restore the store, or move the directory away)",
+    )
+
+
+def _case_exists(case_id: str) -> AdmissionError:
+    return AdmissionError("CASE_EXISTS", f"case {case_id} was already admitted")
+
+
+def clear_admission_marker(workspace: Workspace, case_id: str) -> bool:
+    """Remove a leftover admission marker from a *committed* case; True if one was removed.
+
+    Call with the case lock held and only once the CheckpointStore is known to
+    have the case's row (a crash between the store commit and the marker's
+    removal leaves one behind). The directory is fsynced after the unlink.
+    Errors are ``IO_ERROR``.
+    """
+    case_dir = workspace.case_dir(case_id)
+    if _listdir(case_dir) is None or not os.path.lexists(case_dir / ADMISSION_MARKER):
+        return False
+    try:
+        os.unlink(case_dir / ADMISSION_MARKER)
+        _fsync_path(case_dir, directory=True)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise _io_error("removing the admission marker", exc, case_id) from None
+    return True
+
+
 def _refuse_existing(workspace: Workspace, case_id: str) -> None:
     """Early CASE_EXISTS before any copying (repeated under the lock); never creates a store.
 
-    An admitted case always has its directory, so the store is only consulted
-    when ``cases/<case_id>`` exists (it may also be an orphan).
+    An admitted case always has its directory, so nothing is refused while
+    ``cases/<case_id>`` is absent. A directory with a store row is an admitted
+    case (a leftover marker in it is cleared under the lock); one without a
+    row must be positively recognisable as an interrupted admission, else it
+    is refused here, before anything is copied.
     """
-    if not workspace.store_path.exists() or not os.path.lexists(workspace.case_dir(case_id)):
+    target = workspace.case_dir(case_id)
+    if not os.path.lexists(target):
         return
-    store = CheckpointStore(workspace, create=False)
-    try:
-        if store.exists(case_id):
-            raise AdmissionError("CASE_EXISTS", f"case {case_id} was already admitted", path=None)
-    finally:
-        store.close()
+    recorded = False
+    if workspace.store_path.exists():
+        store = CheckpointStore(workspace, create=False)
+        try:
+            recorded = store.exists(case_id)
+        finally:
+            store.close()
+    if recorded:
+        if os.path.lexists(target / ADMISSION_MARKER):
+            with case_lock(workspace, case_id):
+                clear_admission_marker(workspace, case_id)
+        raise _case_exists(case_id)
+    why = _not_a_crashed_admission(target)
+    if why is not None:
+        raise _refuse_unrecorded(case_id, why)
 
 
 def admit(
@@ -772,6 +914,7 @@ def admit(
     ws = workspace if isinstance(workspace, Workspace) else Workspace(Path(workspace))
     if progress is None:
         progress = StderrProgress()
+    _require_workspace_root(ws.root)
     _refuse_existing(ws, case_id)
     _require_real_dir(ws.cases_dir, "cases")
     src = _open_source(source, limits)
@@ -798,6 +941,7 @@ def admit(
             staging.makedirs(package_tree / "manifests")
             many_files = len(paths) > _SYNCFS_MIN_FILES
             _write_new(package_tree / "manifests" / _MANIFEST_GENERATION_1, pretty_bytes(manifest), fsync=not many_files)
+            _write_new(case_tree / ADMISSION_MARKER, _MARKER_BYTES, fsync=not many_files, what="writing the admission marker")
             _make_durable(staging, many_files=many_files)
             crashpoint("admit:after-stage")
             _commit(ws, case_id, staging, case_tree, manifest)
@@ -808,17 +952,36 @@ def admit(
     return manifest
 
 
+def _discard_orphan(ws: Workspace, case_id: str, target: Path) -> None:
+    """Move an interrupted admission's tree out of ``cases/`` in one rename, then delete it.
+
+    The trash name is a staging name with this process's pid, so a crash
+    during the delete leaves a tree :func:`_remove_stale_staging` clears later.
+    """
+    trash = ws.staging_dir() / f"admit-{case_id}-{os.getpid()}-{secrets.token_hex(6)}"
+    try:
+        os.rename(target, trash)
+        _fsync_path(ws.cases_dir, directory=True)
+    except OSError as exc:
+        raise _io_error("removing an interrupted admission", exc, case_id) from None
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, manifest: dict) -> None:
-    """Under the case lock: refuse an admitted id, clear an orphan, rename, insert the store row."""
+    """Under the case lock: refuse an admitted id, clear an orphan, rename, insert the store row, drop the marker."""
     target = ws.case_dir(case_id)
     with case_lock(ws, case_id):
         store = CheckpointStore(ws)
         try:
             if store.exists(case_id):
-                raise AdmissionError("CASE_EXISTS", f"case {case_id} was already admitted")
+                clear_admission_marker(ws, case_id)
+                raise _case_exists(case_id)
             if os.path.lexists(target):
-                # No store row: the orphan of a crashed admission (see module doc).
-                shutil.rmtree(target) if not os.path.islink(target) else os.unlink(target)
+                # No store row: only an interrupted admission's tree may go (see module doc).
+                why = _not_a_crashed_admission(target)
+                if why is not None:
+                    raise _refuse_unrecorded(case_id, why)
+                _discard_orphan(ws, case_id, target)
             _remove_stale_staging(ws.staging_dir())
             _require_real_dir(ws.cases_dir, "cases")
             ws.cases_dir.mkdir(parents=True, exist_ok=True)
@@ -838,6 +1001,13 @@ def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, man
                 except OSError:
                     pass
                 raise
+            crashpoint("admit:after-commit")
+            # Committed. A failure from here on must not report the admission as
+            # failed: a marker left behind is harmless and cleared lazily.
+            try:
+                clear_admission_marker(ws, case_id)
+            except AdmissionError:
+                pass
         finally:
             store.close()
 

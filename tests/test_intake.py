@@ -427,6 +427,114 @@ def test_kill_at_each_crash_point_then_retry(tmp_path, point):
     _retry_and_check(ws, "crash", SAMPLE)
 
 
+def _drop_store(ws: Path) -> None:
+    for name in os.listdir(ws):
+        if name.startswith("checkpoints.sqlite3"):
+            os.unlink(ws / name)
+
+
+def test_successful_admission_leaves_no_marker(tmp_path):
+    ws = tmp_path / "ws"
+    admit(ws, "done", SAMPLE)
+    assert sorted(os.listdir(ws / "cases" / "done")) == ["packages"]
+
+
+def test_crashed_admission_tree_carries_the_marker_outside_packages(tmp_path):
+    ws = tmp_path / "ws"
+    proc = _child(ws, "crash", SAMPLE, crash_at="admit:after-rename")
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    case_dir = ws / "cases" / "crash"
+    assert sorted(os.listdir(case_dir)) == sorted([intake.ADMISSION_MARKER, "packages"])
+    manifest = json.loads((case_dir / "packages" / "hub-switch-2031" / "manifests" / "000001.json").read_text())
+    assert not any(intake.ADMISSION_MARKER in rel for rel in manifest["files"])
+
+
+@pytest.mark.parametrize("how", ["store-deleted", "cases-copied-to-new-workspace"])
+def test_case_dir_without_store_row_and_without_marker_is_never_deleted(tmp_path, how):
+    ws = tmp_path / "ws"
+    admit(ws, "keep", SAMPLE)
+    if how == "store-deleted":
+        _drop_store(ws)
+    else:
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        shutil.copytree(ws / "cases", fresh / "cases", symlinks=True)
+        ws = fresh
+    case_before = tree_state(ws / "cases" / "keep")
+    err = assert_refused(ws, "keep", SAMPLE, "CASE_EXISTS")  # the whole workspace stays byte-identical
+    assert "no row" in str(err) and "\n" not in str(err)
+    assert_refused(ws, "keep", HOSTILE / "h17_unlisted_file.zip", "CASE_EXISTS")
+    assert tree_state(ws / "cases" / "keep") == case_before
+
+
+def test_unrecorded_case_dir_is_refused_under_the_lock_too(tmp_path, monkeypatch):
+    """The early check can be overtaken (a directory appears meanwhile); the check under the lock holds."""
+    ws = tmp_path / "ws"
+    admit(ws, "keep", SAMPLE)
+    _drop_store(ws)
+    case_before = tree_state(ws / "cases" / "keep")
+    monkeypatch.setattr(intake, "_refuse_existing", lambda *a: None)
+    with pytest.raises(VianoError) as exc:
+        admit(ws, "keep", SAMPLE)
+    assert exc.value.code == "CASE_EXISTS"
+    assert tree_state(ws / "cases" / "keep") == case_before
+    assert not (ws / ".staging").exists()
+
+
+def test_marker_alone_does_not_license_deleting_a_later_generation(tmp_path):
+    """An interrupted admission's tree holds generation 1 only; anything more is published work."""
+    ws = tmp_path / "ws"
+    proc = _child(ws, "gen", SAMPLE, crash_at="admit:after-rename")
+    proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    case_dir = ws / "cases" / "gen"
+    manifests = case_dir / "packages" / "hub-switch-2031" / "manifests"
+
+    def refused() -> VianoError:
+        # the killed child's store may still hold a WAL that SQLite folds in on
+        # the next open, so compare the case tree rather than the whole workspace
+        before = tree_state(ws / "cases")
+        with pytest.raises(VianoError) as exc:
+            admit(ws, "gen", SAMPLE)
+        assert exc.value.code == "CASE_EXISTS", str(exc.value)
+        assert tree_state(ws / "cases") == before
+        return exc.value
+
+    (manifests / "000002.json").write_bytes((manifests / "000001.json").read_bytes())
+    assert "generations" in str(refused())
+    (manifests / "000002.json").unlink()
+    (case_dir / "stray.txt").write_text("x")
+    refused()
+    (case_dir / "stray.txt").unlink()
+    (case_dir / intake.ADMISSION_MARKER).write_bytes(b"forged\n")
+    assert "marker" in str(refused())
+    (case_dir / intake.ADMISSION_MARKER).unlink()
+    refused()
+
+
+def test_kill_between_store_commit_and_marker_removal(tmp_path):
+    ws = tmp_path / "ws"
+    proc = _child(ws, "late", SAMPLE, crash_at="admit:after-commit")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    assert store_has(ws, "late")
+    case_dir = ws / "cases" / "late"
+    assert (case_dir / intake.ADMISSION_MARKER).is_file()
+    packages_before = tree_state(case_dir / "packages")
+    with pytest.raises(VianoError) as exc:
+        admit(ws, "late", SAMPLE)
+    assert exc.value.code == "CASE_EXISTS"
+    assert not (case_dir / intake.ADMISSION_MARKER).exists()  # removed lazily, under the lock
+    assert tree_state(case_dir / "packages") == packages_before
+    with CheckpointStore(Workspace(ws), create=False) as store:
+        assert store.get("late").state == "VALIDATED"
+    # the leftover is gone, so even a later loss of the store cannot make the case look interrupted
+    _drop_store(ws)
+    assert_refused(ws, "late", SAMPLE, "CASE_EXISTS")
+    assert tree_state(case_dir / "packages") == packages_before
+
+
 @pytest.fixture(scope="module")
 def big_source(tmp_path_factory) -> Path:
     """A directory package with 40 MiB of content, so a kill lands mid-copy."""
@@ -548,6 +656,19 @@ def test_append_source_hostile_zip(tmp_path):
         intake.read_append_source(corrupt, staging_dir=staging, progress=QUIET)
     assert exc.value.code == "ZIP_CRC_MISMATCH"
     assert os.listdir(staging) == []
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_workspace_that_is_a_regular_file_is_a_one_line_error(tmp_path, below):
+    plain = tmp_path / "plain"
+    plain.write_text("not a workspace\n")
+    ws = plain / "sub" if below else plain
+    with pytest.raises(VianoError) as exc:
+        admit(ws, "x", SAMPLE)
+    assert exc.value.code == "INVALID_ARGUMENT"
+    assert "\n" not in str(exc.value) and "directory" in str(exc.value)
+    assert plain.read_text() == "not a workspace\n"
+    assert sorted(os.listdir(tmp_path)) == ["plain"]
 
 
 def test_symlinked_workspace_directories_are_not_written_through(tmp_path):
