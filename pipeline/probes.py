@@ -56,6 +56,8 @@ MAX_PROMPT_CHARS = ORIGINAL_PROMPT_LIMIT + 2 + len(ADDRESS_FAILURE_LEAD) + FAILU
 UNRESOLVED_FIELDS = ("id", "original_prompt", "failure_summary", "evidence_artifact_ref")
 _TITLE_LIMIT = 300
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_RECORD_ID_RE = re.compile(r"^([A-Z])([0-9]{1,30})$")
+_ID_LIMIT = 40
 
 
 def _bounded(text: str, limit: int) -> str:
@@ -135,13 +137,36 @@ def _original_prompt(case_id: str, titles: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _record_id_order(record_id: str) -> tuple:
+    """Natural order of record ids: ``O0002`` < ``O0010`` < ``O10000``; anything else after, by text."""
+    match = _RECORD_ID_RE.match(record_id)
+    if match:
+        return (0, match.group(1), int(match.group(2)), record_id)
+    return (1, "", 0, record_id)
+
+
+def _shown_id(record_id: str) -> str:
+    """One record id for the ``ids=`` list: one line, bounded, and unable to forge a list separator."""
+    return one_line(record_id, _ID_LIMIT).replace(",", "\\x2c").replace(" ", "\\x20").replace(";", "\\x3b")
+
+
+def _conflict_ids(conflict: Mapping) -> set[str]:
+    values = conflict.get("values")
+    if not isinstance(values, list):
+        return set()
+    return {v["id"] for v in values if isinstance(v, Mapping) and isinstance(v.get("id"), str) and v["id"].strip()}
+
+
 def _reasons(case: Mapping) -> list[str]:
-    """What keeps the case unresolved, named by code and key, in a fixed order.
+    """What keeps the case unresolved, named by code and record id or source, in a fixed order.
 
     Order: expected-behaviour completeness, then claim conflicts sorted by
-    (block, key), then data-quality gaps sorted by (code, source); identical
-    entries are named once. Messages, values and hypotheses are never quoted:
-    the summary names conditions, it does not interpret them.
+    (block, key), each naming the record ids of every conflicting value
+    (``claim_conflict human_observations key=switch.state ids=O0001,O0003``;
+    ids in natural order, each once; ``ids=none`` if the case lists none),
+    then data-quality gaps sorted by (code, source); identical entries are
+    named once. Messages, values and hypotheses are never quoted: the summary
+    names conditions, it does not interpret them.
     """
     reasons: list[str] = []
     completeness = _block(case, "expected_behavior").get("completeness")
@@ -150,14 +175,14 @@ def _reasons(case: Mapping) -> list[str]:
         reasons.append(f"expected_behavior.completeness={one_line(shown, 60)}")
     quality = _block(case, "data_quality")
     conflicts = quality.get("claim_conflicts") if isinstance(quality.get("claim_conflicts"), list) else []
-    named = sorted(
-        {
-            (str(c.get("block", "")), str(c.get("key", "")))
-            for c in conflicts
-            if isinstance(c, Mapping)
-        }
-    )
-    reasons += [f"claim_conflict {one_line(block, 80)} key={one_line(key, 120)}" for block, key in named]
+    named: dict[tuple[str, str], set[str]] = {}
+    for c in conflicts:
+        if isinstance(c, Mapping):
+            ids = named.setdefault((str(c.get("block", "")), str(c.get("key", ""))), set())
+            ids |= _conflict_ids(c)
+    for (block, key), ids in sorted(named.items()):
+        shown_ids = ",".join(_shown_id(i) for i in sorted(ids, key=_record_id_order)) or "none"
+        reasons.append(f"claim_conflict {one_line(block, 80)} key={one_line(key, 120)} ids={shown_ids}")
     gaps = quality.get("gaps") if isinstance(quality.get("gaps"), list) else []
     gap_names = sorted(
         {

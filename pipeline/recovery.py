@@ -34,7 +34,13 @@ def roll_forward(store, package, case_id: str):
     remove temp files that crashed writers left behind."""
     from .packages import PackageWriter
 
+    from .intake import clear_admission_marker
+
     PackageWriter(package).cleanup_orphans()
+    # The store row exists, so an admission marker left by a crash between the
+    # commit and its removal is stale; clearing it keeps a later loss of the
+    # store from mistaking this case for a crashed admission.
+    clear_admission_marker(package.workspace, case_id)
     record = store.get(case_id)
     current = package.current_generation()
     while record.generation < current:

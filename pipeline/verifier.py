@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import re
 import signal
+import socket
 import sys
 from typing import Any, Callable, Iterable
 
@@ -387,15 +388,55 @@ def check_file(path: str) -> tuple[str, str, int]:
     return _response_bytes(response).decode("utf-8") + "\n", "", 0 if response.result == SUPPORTED else 1
 
 
+MAX_THREADS = 64
+"""Upper bound of ``--threads`` (the server accepts at most 64 connections anyway)."""
+MAX_PORT = 65535
+
+
+def _bad_argument(message: str) -> VerificationError:
+    return VerificationError("INVALID_ARGUMENT", message)
+
+
+def _check_listen_arguments(host: object, port: object, threads: object) -> None:
+    """Refuse what waitress would reject with a traceback or silently reinterpret.
+
+    waitress hands the port to ``getaddrinfo``, which wraps it modulo 65536
+    (``99999`` would listen on 34463), so the range is checked here.
+    """
+    if not isinstance(host, str) or not host.strip():
+        raise _bad_argument("--host must be a non-blank host name or address")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+        raise _bad_argument(f"--port {one_line(str(port), 40)} is outside 0-{MAX_PORT} (0 picks a free port)")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise _bad_argument(f"--threads {one_line(str(threads), 40)} is outside 1-{MAX_THREADS}")
+
+
 def create_server(host: str = "127.0.0.1", port: int = 0, *, threads: int = 4):
     """A bound (not yet running) waitress server for :func:`application`.
 
     Bounds: ``threads`` workers, 64 connections, 16 KiB of headers, bodies
     below :data:`SERVER_BODY_BACKSTOP` kept in memory (at most 64 x 1 MiB),
     idle connections closed after 30 s.
+
+    Errors (:class:`VerificationError`): ``INVALID_ARGUMENT`` for a blank or
+    unresolvable host (``256.1.1.1``), a port outside 0-65535 or threads
+    outside 1-:data:`MAX_THREADS`; ``IO_ERROR`` when the address cannot be
+    bound (in use, not local, not permitted).
     """
     from waitress.server import create_server as _create
 
+    _check_listen_arguments(host, port, threads)
+    try:
+        return _create_waitress(_create, host, port, threads)
+    except (ValueError, socket.gaierror):  # waitress: "Invalid host/port specified." (UnicodeError included)
+        raise _bad_argument(f"--host {one_line(host, 100)} is not a valid host name or address") from None
+    except OSError as exc:
+        shown = f"[{host}]" if ":" in host else host
+        reason = exc.strerror or str(exc)
+        raise VerificationError("IO_ERROR", f"cannot listen on {one_line(shown, 100)}:{port}: {reason}") from None
+
+
+def _create_waitress(_create, host: str, port: int, threads: int):
     return _create(
         application,
         host=host,
@@ -431,8 +472,17 @@ def serve(host: str, port: int, *, threads: int = 4) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one ``INVALID_ARGUMENT: ...`` line on stderr, exit 2 (like every other refusal)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"INVALID_ARGUMENT: {one_line(message)} (see --help)\n")
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.verifier", description="Stateless task verifier.")
+    """``serve`` or ``check``; a refused argument is one ``CODE: message`` line on stderr and exit 2."""
+    parser = _Parser(prog="python -m pipeline.verifier", description="Stateless task verifier.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="serve POST /v1/task-evaluations/verify over HTTP")
     serve_cmd.add_argument("--host", default="127.0.0.1")
@@ -442,7 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     check_cmd.add_argument("file", help="request JSON file, or - for stdin")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return serve(args.host, args.port, threads=args.threads)
+        try:
+            return serve(args.host, args.port, threads=args.threads)
+        except VianoError as exc:
+            sys.stderr.write(f"{exc}\n")
+            return 2
     out, err, code = check_file(args.file)
     sys.stdout.write(out)
     sys.stderr.write(err)

@@ -131,11 +131,45 @@ def test_absent_completeness_is_unresolved():
     assert unresolved(case)["failure_summary"] == "expected_behavior.completeness=absent"
 
 
-def test_claim_conflict_is_named_by_block_and_key():
-    conflicts = [{"block": "human_observations", "key": "door.state", "values": [{"value": "open"}, {"value": "closed"}]}]
+def value(record_id, value, source="original/reports/report-1.json"):
+    return {"value": value, "id": record_id, "source": source, "pointer": "/observations/0"}
+
+
+def test_claim_conflict_is_named_by_block_key_and_record_ids():
+    conflicts = [
+        {
+            "block": "human_observations",
+            "key": "switch.state",
+            "values": [value("O0003", "open"), value("O0001", "closed"), value("O0002", "open")],
+        }
+    ]
     result = unresolved(built_case(data_quality__claim_conflicts=conflicts))
-    assert result["failure_summary"] == "claim_conflict human_observations key=door.state"
+    assert result["failure_summary"] == "claim_conflict human_observations key=switch.state ids=O0001,O0002,O0003"
     assert "open" not in result["failure_summary"]  # values are not quoted or interpreted
+    assert "report-1" not in result["failure_summary"]
+
+
+def test_conflict_ids_are_in_natural_order_each_once():
+    conflicts = [
+        {"block": "expected_behavior", "key": "k", "values": [value("E10000", 1), value("E0002", 2), value("E0010", 3)]},
+        # the same key listed twice (the builder never does): its ids are merged, each named once
+        {"block": "expected_behavior", "key": "k", "values": [value("E0002", 2), value("E0001", 4)]},
+    ]
+    result = unresolved(built_case(data_quality__claim_conflicts=conflicts))
+    assert result["failure_summary"] == "claim_conflict expected_behavior key=k ids=E0001,E0002,E0010,E10000"
+
+
+def test_conflict_ids_cannot_forge_structure():
+    conflicts = [
+        {"block": "human_observations", "key": "k", "values": [value("O1,O2; gap X", 1), value("O0001\nx", 2), {"value": 3}]},
+        {"block": "human_observations", "key": "no-ids", "values": [{"value": 1}, {"value": 2}]},
+    ]
+    summary = unresolved(built_case(data_quality__claim_conflicts=conflicts))["failure_summary"]
+    assert summary == (
+        "claim_conflict human_observations key=k ids=O0001\\nx,O1\\x2cO2\\x3b\\x20gap\\x20X; "
+        "claim_conflict human_observations key=no-ids ids=none"
+    )
+    assert "\n" not in summary
 
 
 def test_gap_is_named_by_code_and_source():
@@ -150,9 +184,9 @@ def test_gap_is_named_by_code_and_source():
 def test_all_reasons_in_a_deterministic_order():
     gaps = [{"code": "Z_GAP", "message": "z"}, {"code": "MISSING_INDEX", "message": "m"}, {"code": "MISSING_INDEX", "message": "m"}]
     conflicts = [
-        {"block": "human_observations", "key": "z.key", "values": [1, 2]},
-        {"block": "expected_behavior", "key": "door.state", "values": [1, 2]},
-        {"block": "human_observations", "key": "door.state", "values": [1, 2]},
+        {"block": "human_observations", "key": "z.key", "values": [value("O0009", 1), value("O0004", 2)]},
+        {"block": "expected_behavior", "key": "door.state", "values": [value("E0002", 1), value("E0001", 2)]},
+        {"block": "human_observations", "key": "door.state", "values": [value("O0001", 1), value("O0003", 2)]},
     ]
     case = built_case(
         expected_behavior__completeness="reported_partial",
@@ -161,15 +195,17 @@ def test_all_reasons_in_a_deterministic_order():
     )
     expected = (
         "expected_behavior.completeness=reported_partial; "
-        "claim_conflict expected_behavior key=door.state; "
-        "claim_conflict human_observations key=door.state; "
-        "claim_conflict human_observations key=z.key; "
+        "claim_conflict expected_behavior key=door.state ids=E0001,E0002; "
+        "claim_conflict human_observations key=door.state ids=O0001,O0003; "
+        "claim_conflict human_observations key=z.key ids=O0004,O0009; "
         "gap MISSING_INDEX; gap Z_GAP"
     )
     assert unresolved(case)["failure_summary"] == expected
     shuffled = copy.deepcopy(case)
     shuffled["data_quality"]["gaps"].reverse()
     shuffled["data_quality"]["claim_conflicts"].reverse()
+    for conflict in shuffled["data_quality"]["claim_conflicts"]:
+        conflict["values"].reverse()
     assert unresolved(shuffled) == unresolved(case)
 
 

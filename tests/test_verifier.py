@@ -729,3 +729,73 @@ def test_listening_line_is_printed_once(live):
     proc, port = live
     assert_healthy(port)
     assert sum("listening on" in line for line in proc.stderr_lines) == 1
+
+
+# --------------------------------------------------------------------------- refused serve arguments
+
+
+def _serve_args(*args: str):
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.verifier", "serve", *args],
+        cwd=REPO,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=30,
+    )
+
+
+def _one_error_line(result, code: str) -> str:
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == b""
+    text = result.stderr.decode()
+    assert "Traceback" not in text
+    lines = text.splitlines()
+    assert len(lines) == 1 and text.endswith("\n"), text
+    assert lines[0].startswith(f"{code}: "), text
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--host", "256.1.1.1", "--port", "0"), "--host 256.1.1.1"),
+        (("--host", "", "--port", "0"), "--host"),
+        (("--host", "   ", "--port", "0"), "--host"),
+        (("--host", "127.0.0.1", "--port", "99999"), "--port 99999"),  # waitress would listen on 34463
+        (("--host", "127.0.0.1", "--port", "65536"), "--port 65536"),
+        (("--host", "127.0.0.1", "--port", "-1"), "--port -1"),
+        (("--host", "127.0.0.1", "--port", "abc"), "--port"),
+        (("--host", "127.0.0.1", "--port", "0", "--threads", "0"), "--threads 0"),
+        (("--host", "127.0.0.1", "--port", "0", "--threads", "-3"), "--threads -3"),
+        (("--host", "127.0.0.1", "--port", "0", "--bogus"), "--bogus"),
+    ],
+)
+def test_serve_refuses_bad_arguments_with_one_line(args, says):
+    line = _one_error_line(_serve_args(*args), "INVALID_ARGUMENT")
+    assert says in line
+
+
+def test_serve_on_a_port_in_use_is_one_io_error_line():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        line = _one_error_line(_serve_args("--host", "127.0.0.1", "--port", str(port)), "IO_ERROR")
+    assert f"127.0.0.1:{port}" in line
+
+
+@pytest.mark.parametrize(
+    "host, port, threads",
+    [("256.1.1.1", 0, 1), ("", 0, 1), ("127.0.0.1", 99999, 1), ("127.0.0.1", -1, 1), ("127.0.0.1", True, 1),
+     ("127.0.0.1", 0, 0), ("127.0.0.1", 0, verifier.MAX_THREADS + 1)],
+)
+def test_create_server_refuses_bad_arguments_in_process(host, port, threads):
+    with pytest.raises(VerificationError) as caught:
+        verifier.create_server(host, port, threads=threads)
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_create_server_accepts_the_bounds():
+    for port, threads in ((0, 1), (0, verifier.MAX_THREADS)):
+        server = verifier.create_server("127.0.0.1", port, threads=threads)
+        server.close()
