@@ -46,9 +46,14 @@ class BuildCache:
         return self.root / "store-state.json"
 
     def document(self, path: str, sha256: str, contract: str) -> Path:
-        # Keyed by content and path: doit refuses two tasks with one target,
-        # and two paths may hold identical bytes.
-        return self.root / "documents" / f"{sha256}.{contract}.{_path_key(path)}.json"
+        """Where the parsed document lives. The name holds everything the record
+        is a function of (content, path, contract, builder code), so "the target
+        exists" is the whole up-to-date check and doit evaluates no callable per
+        task. Keyed by path too: doit refuses two tasks with one target, and two
+        paths may hold identical bytes."""
+        from .doitcli import code_version
+
+        return self.root / "documents" / code_version()[:16] / f"{sha256}.{contract}.{_path_key(path)}.json"
 
     def opaque(self, path: str, sha256: str, size: int) -> Path:
         return self.root / "opaque" / f"{sha256}.{size}.{_path_key(path)}.json"

@@ -22,8 +22,6 @@ import os
 import re
 from typing import Any
 
-import msgspec
-
 from .errors import CaseBuildError, VianoError
 
 __all__ = [
@@ -292,6 +290,8 @@ def pretty_bytes(value: Any) -> bytes:
     whenever ``indent`` is set, so we encode compactly in C and let msgspec
     re-indent the result, which copies every scalar token verbatim.
     """
+    import msgspec  # lazily: a no-op rebuild never formats, and the import costs ~15 ms
+
     compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return msgspec.json.format(compact.encode("utf-8"), indent=2) + b"\n"
 

@@ -92,20 +92,42 @@ def remove_unpublished_content(package) -> list[str]:
     alone (reads refuse them anyway).
     """
     generation = package.current_generation()
-    listed = set(package.manifest(generation)["files"]) if generation else set()
-    removed = []
     root = package.content_dir
-    for dirpath, dirnames, names in os.walk(root, followlinks=False):
+    present = []
+    for dirpath, _dirnames, names in os.walk(root, followlinks=False):
         for name in names:
             full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            if rel in listed or not stat.S_ISREG(os.lstat(full).st_mode):
-                continue
-            os.unlink(full)
+            if stat.S_ISREG(os.lstat(full).st_mode):
+                present.append(os.path.relpath(full, root).replace(os.sep, "/"))
+    if generation and len(present) <= _listed_count(package, generation):
+        # Published files never go away, so no more files than the manifest
+        # lists means nothing unpublished is here; the common case skips the
+        # full (validated) manifest load.
+        return []
+    listed = set(package.manifest(generation)["files"]) if generation else set()
+    removed = []
+    for rel in present:
+        if rel not in listed:
+            os.unlink(os.path.join(root, rel))
             removed.append(rel)
     if removed:
         _fsync_dirs({os.path.dirname(os.path.join(root, rel)) for rel in removed})
     return sorted(removed)
+
+
+def _listed_count(package, generation: int) -> int:
+    """How many files the manifest lists, from a plain parse of its bytes (any
+    doubt answers -1, which forces the validated path)."""
+    import json
+
+    from .packages import manifest_name
+
+    try:
+        with open(package.manifests_dir / manifest_name(generation), "rb") as handle:
+            files = json.loads(handle.read(64 * 1024 * 1024)).get("files")
+        return len(files) if isinstance(files, dict) else -1
+    except (OSError, ValueError, AttributeError):
+        return -1
 
 
 def _fsync_dirs(directories) -> None:
