@@ -288,6 +288,23 @@ class _DirSource(_Source):
         finally:
             os.close(fd)
 
+    def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
+        """Copy one large file into ``out_fd``; return (sha256 hex, bytes).
+
+        Three-stage pipeline over a small ring of private buffers: a worker
+        thread reads a chunk into a buffer and writes that buffer out, then
+        hands it to this thread, which hashes it and returns it to the ring.
+        Each chunk is hashed once, from the very buffer that was written, so
+        the recorded hash is the hash of the stored bytes even if the source
+        changes meanwhile; and read+write (kernel copies) overlap the SHA-256
+        on the other core (hashlib, readv and write all release the GIL).
+        """
+        fd = self._open_file(relpath)
+        try:
+            return _pipelined_copy(fd, out_fd, relpath, limits.max_entry_bytes, progress, total)
+        finally:
+            os.close(fd)
+
     def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[memoryview]:
         """Read into two alternating buffers (see :func:`_copy_stream` for why two suffice)."""
         fd = self._open_file(relpath)
@@ -416,6 +433,67 @@ def _write_all(fd: int, data) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+_RING = 4  # buffers in flight in _pipelined_copy: enough to keep both cores busy
+
+
+def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int) -> tuple[str, int]:
+    import queue
+    import threading
+
+    buffers = [bytearray(CHUNK) for _ in range(_RING)]
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    ready: queue.SimpleQueue = queue.SimpleQueue()
+    for index in range(_RING):
+        free.put(index)
+    stop = threading.Event()
+
+    def read_and_write() -> None:
+        size = 0
+        flushed = 0
+        try:
+            while not stop.is_set():
+                index = free.get()
+                if index is None:
+                    return
+                n = os.readv(in_fd, [buffers[index]])
+                if n == 0:
+                    ready.put(None)
+                    return
+                size += n
+                if size > limit:
+                    raise _source_error("LIMIT_EXCEEDED", f"file grew beyond {limit} bytes", label)
+                _write_all(out_fd, memoryview(buffers[index])[:n])
+                if size - flushed >= _WRITEBACK_EVERY:
+                    _start_writeback(out_fd, flushed, size - flushed)
+                    flushed = size
+                ready.put((index, n))
+        except BaseException as exc:  # handed to the hashing thread, which raises it
+            ready.put(exc)
+
+    worker = threading.Thread(target=read_and_write, name="viano-admit-copy", daemon=True)
+    worker.start()
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        while True:
+            item = ready.get()
+            if item is None:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            index, n = item
+            digest.update(memoryview(buffers[index])[:n])
+            size += n
+            free.put(index)
+            if progress is not None:
+                progress(label, size, total)
+    finally:
+        stop.set()
+        free.put(None)  # unblock a worker waiting for a buffer
+        worker.join()
+    return digest.hexdigest(), size
 
 
 class _Copier:
@@ -616,7 +694,9 @@ def _stage_files(
             expected = source.files[rel]
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:
-                if expected > CHUNK:
+                if expected > CHUNK and hasattr(source, "copy_to"):
+                    sha, size = source.copy_to(rel, fd, limits, progress, expected)
+                elif expected > CHUNK:
                     sha, size = copier.copy(source.chunks(rel, limits), fd, rel, expected, progress)
                 else:
                     digest = hashlib.sha256()
