@@ -8,9 +8,8 @@ progress on stderr.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -57,6 +56,20 @@ def _existing_store(ws, case_id):
     return open_existing_store(ws, case_id)
 
 
+@contextlib.contextmanager
+def _caught_up(ws, store, case_id: str):
+    """Hold the case lock with the store rolled forward to every published
+    generation: ``(record, package)`` as the next change must see them."""
+    from .packages import Package
+    from .recovery import roll_forward
+    from .workspace import case_lock
+
+    with case_lock(ws, case_id):
+        record = store.get(case_id)
+        package = Package(ws, case_id, record.package_id)
+        yield roll_forward(store, package, case_id), package
+
+
 def _out(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -92,11 +105,9 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
 def cmd_append(case=None, source=None, workspace=None) -> None:
     """Add new files and a returning case-inputs index as a new generation."""
     from .intake import read_append_source
-    from .packages import Package, PackageWriter
-    from .reader import read_document
-    from .recovery import roll_forward
+    from .packages import PackageWriter
     from .plan import step_id_for
-    from .workspace import case_lock, check_reference
+    from .reader import read_document
 
     case_id, ws = _context(case, workspace)
     source_path = Path(_required(source, "source"))
@@ -105,10 +116,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     limits = CaseBuilderLimits()
     store = _existing_store(ws, case_id)
     try:
-        with case_lock(ws, case_id):
-            record = store.get(case_id)
-            package = Package(ws, case_id, record.package_id)
-            record = roll_forward(store, package, case_id)
+        with _caught_up(ws, store, case_id) as (record, package):
             if record.state == "COMPLETED" or store.confirmed(case_id, step_id_for(record.analysis_revision)):
                 raise LifecycleError(
                     "REOPEN_REQUIRED",
@@ -212,10 +220,8 @@ def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None
 
 def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     """Open a new analysis revision on a built or completed case."""
-    from .packages import Package, PackageWriter
-    from .recovery import roll_forward
+    from .packages import PackageWriter
     from .plan import step_id_for
-    from .workspace import case_lock
 
     case_id, ws = _context(case, workspace)
     source = _required(by, "by")
@@ -226,10 +232,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
         raise VianoError("INVALID_ARGUMENT", f"reason is longer than {_REASON_LIMIT} characters")
     store = _existing_store(ws, case_id)
     try:
-        with case_lock(ws, case_id):
-            record = store.get(case_id)
-            package = Package(ws, case_id, record.package_id)
-            record = roll_forward(store, package, case_id)
+        with _caught_up(ws, store, case_id) as (record, package):
             built = store.confirmed(case_id, step_id_for(record.analysis_revision))
             if not (record.state == "COMPLETED" or (record.state == "BUILDING_CASE" and built is not None)):
                 raise LifecycleError(
@@ -269,20 +272,16 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
 
 def cmd_export(case=None, dest=None, workspace=None) -> None:
     """Copy the current case.json, case_summary.md and manifest to ``dest``."""
-    from .packages import Package, write_durable
+    from .packages import write_durable
 
     case_id, ws = _context(case, workspace)
     destination = Path(_required(dest, "dest"))
     limits = CaseBuilderLimits()
-    from .recovery import roll_forward
-    from .workspace import case_lock
 
     store = _existing_store(ws, case_id)
     try:
-        with case_lock(ws, case_id):
-            record = store.get(case_id)
-            package = Package(ws, case_id, record.package_id)
-            record = roll_forward(store, package, case_id)  # a publication whose checkpoint was lost
+        with _caught_up(ws, store, case_id) as (record, package):
+            pass  # a publication whose checkpoint was lost is confirmed first
     finally:
         store.close()
     manifest = package.manifest(record.generation)

@@ -63,6 +63,7 @@ from .errors import AdmissionError, VianoError
 from .faults import crashpoint
 from .jsoncanon import decode_strict, pretty_bytes
 from .lifecycle import CheckpointStore
+from .packages import _pid_alive
 from .workspace import Workspace, case_lock, check_reference, validate_id
 from .zipscan import CHUNK, MiB, NameRegistry, ZipArchive, ZipLimits, fold_name, name_problem
 
@@ -538,18 +539,6 @@ class _Copier:
 
 
 # ------------------------------------------------------------------- staging
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
