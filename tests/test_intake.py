@@ -683,3 +683,31 @@ def test_symlinked_workspace_directories_are_not_written_through(tmp_path):
     os.symlink(elsewhere, ws / ".staging")
     assert_refused(ws, "x", SAMPLE, "REFERENCE_UNSAFE")
     assert os.listdir(elsewhere) == []
+
+
+@pytest.mark.parametrize("failing_call", [1, 2, 3, 4, 5, 6])
+def test_fsync_failure_at_the_nth_call_is_io_error_and_leaves_no_trace(populated, monkeypatch, failing_call):
+    """RELIABILITY 40: fail the N-th fsync (EIO) while admitting: the admission
+    reports IO_ERROR, never retries that fsync, and the workspace is unchanged
+    (no case, no staging leftovers) -- SQLite-style "fail operation N" loop."""
+    import errno
+
+    source = SAMPLE
+    real_fsync = os.fsync
+    calls = {"n": 0}
+
+    def flaky_fsync(fd):
+        calls["n"] += 1
+        if calls["n"] == failing_call:
+            raise OSError(errno.EIO, "injected I/O error")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", flaky_fsync)
+    monkeypatch.setattr(intake, "_syncfs", lambda fd: False)  # force the per-file fsync path
+    before = tree_state(populated)
+    with pytest.raises(VianoError) as info:
+        admit(populated, "case-fsync", source)
+    assert info.value.code == "IO_ERROR", str(info.value)
+    assert calls["n"] == failing_call  # the failed fsync was not retried, nothing after it ran
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert tree_state(populated) == before
