@@ -64,7 +64,7 @@ from .faults import crashpoint
 from .jsoncanon import decode_strict, pretty_bytes
 from .lifecycle import CheckpointStore
 from .packages import _pid_alive
-from .workspace import Workspace, case_lock, check_reference, validate_id
+from .workspace import ADMISSION_MARKER, Workspace, case_lock, check_reference, validate_id
 from .zipscan import CHUNK, MiB, NameRegistry, ZipArchive, ZipLimits, fold_name, name_problem
 
 __all__ = [
@@ -91,7 +91,6 @@ so ``Case/x`` cannot stand in for them on a case-insensitive filesystem."""
 Progress = Callable[[str, int, int], None]
 """``progress(path, bytes_done, file_size)``, called after each chunk copied."""
 
-ADMISSION_MARKER = ".admission-pending"
 """File in ``cases/<case_id>/`` (outside ``packages/``) present until the store row is committed."""
 
 _MANIFEST_GENERATION_1 = "000001.json"

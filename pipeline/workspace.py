@@ -27,6 +27,7 @@ from typing import Iterator
 from .errors import CaseBuildError, LifecycleError, VianoError
 
 __all__ = [
+    "ADMISSION_MARKER",
     "ID_PATTERN",
     "DEFAULT_WORKSPACE",
     "WORKSPACE_ENV",
@@ -52,6 +53,11 @@ _MAX_COMPONENT_BYTES = 255  # NAME_MAX on every filesystem we care about
 _MAX_REFERENCE_BYTES = 4096  # PATH_MAX
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+#: In ``cases/<id>/`` while an admission is not yet committed to the store:
+#: only a directory carrying it may be removed as a crashed admission.
+ADMISSION_MARKER = ".admission-pending"
 
 
 def validate_id(value: object, what: str = "id") -> str:
