@@ -161,81 +161,71 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     case_id = validate_id(case_id, "case_id")
     ws = _workspace(workspace_root)
     store = open_existing_store(ws, case_id)
-    store.close()
-    with _locked(ws, case_id):
-        store = _store(ws)
-        try:
-            record = store.get(case_id)
-            package = _package(ws, case_id, record.package_id)
-            record = roll_forward(store, package, case_id)
-            if record.state == "BLOCKED":
-                blocked = record.blocked or {}
-                raise CaseBuildError(
-                    "ILLEGAL_TRANSITION",
-                    f"case is BLOCKED ({blocked.get('code')}, route {blocked.get('route')}, retry after {blocked.get('retry_after')})",
-                )
-
-            cache = _cache(ws, case_id)
-            key = _plan_key(package, record, limits)
-            if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
-                # Nothing the plan derives from changed: same builder code, same
-                # store record, byte-identical snapshot manifest (which pins every
-                # input's sha256). Re-planning would read the same immutable bytes.
-                return cache.read_json(cache.plan)
-            read_index, read_prior_case = document_readers(package, limits)
-            plan = make_plan(
-                package, record.generation, limits,
-                read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
-            )
-            confirmed = store.confirmed(case_id, plan["step_id"])
-            if confirmed is not None and confirmed.request_hash != plan["request_hash"]:
-                raise CaseBuildError(
-                    "REOPEN_REQUIRED",
-                    f"revision {plan['analysis_revision']} already has a confirmed case; reopen to build changed inputs",
-                )
-            if record.state == "COMPLETED" and confirmed is None:
-                raise CaseBuildError("REOPEN_REQUIRED", "the case is COMPLETED; reopen it first")
-            reuse = confirmed is not None
-            if not reuse:
-                # Limits bound new work only: a confirmed case is reused as it
-                # is even after a limit was lowered (seed 001).
-                check_limits(plan, limits)
-            if record.state in ("VALIDATED", "REOPENED"):
-                store.advance(
-                    case_id,
-                    "start_build",
-                    expected_generation=record.generation,
-                    step_id=plan["step_id"],
-                    request_hash=plan["request_hash"],
-                )
-            if confirmed is not None:
-                # Reuse: the confirmed case was built from an earlier snapshot; the
-                # generations since then added only generated outputs (excluded from
-                # the request hash), so planning that snapshot gives the same plan.
-                plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
-            if plan["prior_case"] is not None:
-                prior = read_prior_case(plan["prior_case"], package.manifest(record.generation))
-                _cache(ws, case_id).write_json(_cache(ws, case_id).document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"), prior)
-        finally:
-            store.close()
-        cache = _cache(ws, case_id)
-        cache.write_json(cache.plan, plan)
-        # Kept apart from the plan: it changes with every publication, and the
-        # plan is a file_dep of assemble, which must not rerun for that.
-        record = _store_record_after_start(ws, case_id)
-        cache.write_json(
-            cache.store_state,
-            {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": reuse},
-        )
-    return plan
-
-
-def _store_record_after_start(ws, case_id):
-    store = _store(ws)
     try:
-        return store.get(case_id)
+        with _locked(ws, case_id):
+                record = store.get(case_id)
+                package = _package(ws, case_id, record.package_id)
+                record = roll_forward(store, package, case_id)
+                if record.state == "BLOCKED":
+                    blocked = record.blocked or {}
+                    raise CaseBuildError(
+                        "ILLEGAL_TRANSITION",
+                        f"case is BLOCKED ({blocked.get('code')}, route {blocked.get('route')}, retry after {blocked.get('retry_after')})",
+                    )
+
+                cache = _cache(ws, case_id)
+                key = _plan_key(package, record, limits)
+                if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
+                    # Nothing the plan derives from changed: same builder code, same
+                    # store record, byte-identical snapshot manifest (which pins every
+                    # input's sha256). Re-planning would read the same immutable bytes.
+                    return cache.read_json(cache.plan)
+                read_index, read_prior_case = document_readers(package, limits)
+                plan = make_plan(
+                    package, record.generation, limits,
+                    read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
+                )
+                confirmed = store.confirmed(case_id, plan["step_id"])
+                if confirmed is not None and confirmed.request_hash != plan["request_hash"]:
+                    raise CaseBuildError(
+                        "REOPEN_REQUIRED",
+                        f"revision {plan['analysis_revision']} already has a confirmed case; reopen to build changed inputs",
+                    )
+                if record.state == "COMPLETED" and confirmed is None:
+                    raise CaseBuildError("REOPEN_REQUIRED", "the case is COMPLETED; reopen it first")
+                reuse = confirmed is not None
+                if not reuse:
+                    # Limits bound new work only: a confirmed case is reused as it
+                    # is even after a limit was lowered (seed 001).
+                    check_limits(plan, limits)
+                if record.state in ("VALIDATED", "REOPENED"):
+                    store.advance(
+                        case_id,
+                        "start_build",
+                        expected_generation=record.generation,
+                        step_id=plan["step_id"],
+                        request_hash=plan["request_hash"],
+                    )
+                if confirmed is not None:
+                    # Reuse: the confirmed case was built from an earlier snapshot; the
+                    # generations since then added only generated outputs (excluded from
+                    # the request hash), so planning that snapshot gives the same plan.
+                    plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
+                if plan["prior_case"] is not None:
+                    prior = read_prior_case(plan["prior_case"], package.manifest(record.generation))
+                    _cache(ws, case_id).write_json(_cache(ws, case_id).document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"), prior)
+                cache = _cache(ws, case_id)
+                cache.write_json(cache.plan, plan)
+                # Kept apart from the plan: it changes with every publication, and the
+                # plan is a file_dep of assemble, which must not rerun for that.
+                record = store.get(case_id)
+                cache.write_json(
+                    cache.store_state,
+                    {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": reuse},
+                )
     finally:
         store.close()
+    return plan
 
 
 def _plan_key(package, record, limits: CaseBuilderLimits) -> str:

@@ -32,10 +32,8 @@ _CASE_BUILT_LIMIT = 1024 * 1024
 
 def roll_forward(store, package, case_id: str):
     """Take in every published generation the store has not recorded yet, and
-    remove temp files that crashed writers left behind."""
-    from .packages import PackageWriter
-
-    PackageWriter(package).cleanup_orphans()
+    remove what crashed writers left behind (temp files, unpublished content)."""
+    _remove_manifest_temps(package)
     # The store row exists, so an admission marker left by a crash between the
     # commit and its removal is stale; clearing it keeps a later loss of the
     # store from mistaking this case for a crashed admission. (Checked before
@@ -116,6 +114,22 @@ def remove_unpublished_content(package) -> list[str]:
     if removed:
         _fsync_dirs({os.path.dirname(os.path.join(root, rel)) for rel in removed})
     return sorted(removed)
+
+
+def _remove_manifest_temps(package) -> None:
+    """Temp manifests of writers that died (under the case lock no writer of
+    this package is alive; content temps go with the unpublished content)."""
+    from .packages import is_temp_name
+
+    try:
+        names = os.listdir(package.manifests_dir)
+    except FileNotFoundError:
+        return
+    stale = [name for name in names if is_temp_name(name)]
+    for name in stale:
+        os.unlink(package.manifests_dir / name)
+    if stale:
+        _fsync_dirs({str(package.manifests_dir)})
 
 
 def _listed_count(package, generation: int) -> int:
