@@ -10,6 +10,7 @@ content (published files are only ever created with ``os.link``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -51,9 +52,13 @@ class BuildCache:
         exists" is the whole up-to-date check and doit evaluates no callable per
         task. Keyed by path too: doit refuses two tasks with one target, and two
         paths may hold identical bytes."""
+        return self.root / "documents" / self._code / f"{sha256}.{contract}.{_path_key(path)}.json"
+
+    @functools.cached_property
+    def _code(self) -> str:
         from .doitcli import code_version
 
-        return self.root / "documents" / code_version()[:16] / f"{sha256}.{contract}.{_path_key(path)}.json"
+        return code_version()[:16]
 
     def opaque(self, path: str, sha256: str, size: int) -> Path:
         return self.root / "opaque" / f"{sha256}.{size}.{_path_key(path)}.json"

@@ -94,17 +94,18 @@ def remove_unpublished_content(package) -> list[str]:
     """
     generation = package.current_generation()
     root = package.content_dir
+    walked = [(dirpath, names) for dirpath, _dirnames, names in os.walk(root, followlinks=False)]
+    if generation and sum(len(names) for _, names in walked) <= _listed_count(package, generation):
+        # Published files never go away, so no more names than the manifest
+        # lists means nothing unpublished is here; the common case skips the
+        # per-file lstat and the full (validated) manifest load.
+        return []
     present = []
-    for dirpath, _dirnames, names in os.walk(root, followlinks=False):
+    for dirpath, names in walked:
         for name in names:
             full = os.path.join(dirpath, name)
             if stat.S_ISREG(os.lstat(full).st_mode):
                 present.append(os.path.relpath(full, root).replace(os.sep, "/"))
-    if generation and len(present) <= _listed_count(package, generation):
-        # Published files never go away, so no more files than the manifest
-        # lists means nothing unpublished is here; the common case skips the
-        # full (validated) manifest load.
-        return []
     listed = set(package.manifest(generation)["files"]) if generation else set()
     removed = []
     for rel in present:
