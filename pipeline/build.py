@@ -20,7 +20,7 @@ from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
-from .plan import check_limits, make_plan
+from .plan import check_limits, make_plan, step_id_for
 
 __all__ = [
     "CaseBuilder",
@@ -110,13 +110,23 @@ def _progress(message: str) -> None:
 # ----------------------------------------------------------------- steps
 
 
-def document_readers(package, limits: CaseBuilderLimits):
-    """The verified readers planning needs: an index, and a prior case."""
+def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = False):
+    """The verified readers planning needs: an index, and a prior case.
+
+    ``relaxed`` (the revision already has a confirmed case) bounds each read by
+    the size the manifest records instead of the current limits: the confirmed
+    case read these very bytes, and a lowered limit must not block its reuse.
+    New work is held to the limits by :func:`plan.check_limits` afterwards.
+    """
     from .reader import read_document
 
+    def bound(path, manifest, limit):
+        return max(limit, manifest["files"].get(path, {}).get("size", 0)) if relaxed else limit
+
     def read_index(path, manifest):
-        data = package.read_verified(path, limits.document_bytes, manifest=manifest)
-        return read_document(data, "case-inputs", path=path, max_bytes=limits.document_bytes)
+        limit = bound(path, manifest, limits.document_bytes)
+        data = package.read_verified(path, limit, manifest=manifest)
+        return read_document(data, "case-inputs", path=path, max_bytes=limit)
 
     import msgspec
 
@@ -125,9 +135,10 @@ def document_readers(package, limits: CaseBuilderLimits):
     def read_prior_case(ref, manifest):
         if ref["sha256"] in prior_cases:
             return prior_cases[ref["sha256"]]
-        if ref["size"] > limits.case_bytes:
-            raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limits.case_bytes}", path=ref["path"])
-        data = package.read_verified(ref["path"], limits.case_bytes, manifest=manifest)
+        limit = bound(ref["path"], manifest, limits.case_bytes)
+        if ref["size"] > limit:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limit}", path=ref["path"])
+        data = package.read_verified(ref["path"], limit, manifest=manifest)
         # These bytes are our own publication, verified against the manifest's
         # sha256 just now; msgspec's strict JSON parse is enough, and its speed
         # matters because every build of a reopened revision reads it.
@@ -180,7 +191,8 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # store record, byte-identical snapshot manifest (which pins every
                     # input's sha256). Re-planning would read the same immutable bytes.
                     return cache.read_json(cache.plan)
-                read_index, read_prior_case = document_readers(package, limits)
+                already_confirmed = store.confirmed(case_id, step_id_for(record.analysis_revision)) is not None
+                read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed)
                 plan = make_plan(
                     package, record.generation, limits,
                     read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
@@ -500,7 +512,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
             if confirmed is not None:
                 if confirmed.request_hash != plan["request_hash"]:
                     raise CaseBuildError("REOPEN_REQUIRED", "this revision already has a confirmed case with other inputs")
-                _check_published(package, outputs, case_bytes, summary_bytes)
+                _repair_from_published(package, outputs, cache, case_bytes, summary_bytes)
                 result = BuildResult(status="reused", generation=record.generation, **outputs)
             else:
                 if record.generation != cache.read_json(cache.store_state)["store_generation"]:
@@ -529,21 +541,19 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     return result
 
 
-def _check_published(package, outputs: dict, case_bytes: bytes, summary_bytes: bytes) -> None:
-    """A reuse re-checks the published documents against this build's output."""
+def _repair_from_published(package, outputs: dict, cache: BuildCache, case_bytes: bytes, summary_bytes: bytes) -> None:
+    """A reuse re-checks the published documents against the manifest and
+    repairs the local cache from them ("repairs local metadata", seed 001): a
+    damaged cache record is rewritten, never blamed on the published file."""
     manifest = package.manifest()
-    for key, data in (("case", case_bytes), ("case_summary", summary_bytes)):
-        entry = manifest["files"].get(outputs[key])
+    for key, cached, target in (("case", case_bytes, cache.case_json), ("case_summary", summary_bytes, cache.summary)):
+        path = outputs[key]
+        entry = manifest["files"].get(path)
         if entry is None:
-            raise IntegrityError("INTEGRITY_ERROR", "confirmed case output is missing from the manifest", path=outputs[key])
-        if entry["sha256"] != sha256_hex(data):
-            raise IntegrityError(
-                "INTEGRITY_ERROR",
-                "the confirmed output differs from a rebuild of the same inputs (non-deterministic build or tampering)",
-                path=outputs[key],
-            )
-    package.verify_file(outputs["case"], manifest=manifest)
-    package.verify_file(outputs["case_summary"], manifest=manifest)
+            raise IntegrityError("INTEGRITY_ERROR", "confirmed case output is missing from the manifest", path=path)
+        published = package.read_verified(path, entry["size"], manifest=manifest)
+        if published != cached:
+            cache.write(target, published)
 
 
 def publish_is_current(workspace_root, case_id) -> bool:

@@ -284,10 +284,15 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
             pass  # a publication whose checkpoint was lost is confirmed first
     finally:
         store.close()
-    manifest = package.manifest(record.generation)
-    artifacts = manifest.get("artifacts", {})
-    if "case" not in artifacts:
+    current = package.manifest(record.generation)
+    case_path = current.get("artifacts", {}).get("case")
+    if not case_path:
         raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
+    # Export the case with the manifest that published it: after a reopen the
+    # current manifest belongs to a revision that has no case yet, and pairing
+    # it with the earlier case would mislabel the export.
+    manifest = _publishing_manifest(package, record.generation, case_path)
+    artifacts = manifest["artifacts"]
     outputs = {
         "case.json": package.read_verified(artifacts["case"], limits.case_bytes, manifest=manifest),
         "case_summary.md": package.read_verified(artifacts["case_summary"], limits.summary_bytes, manifest=manifest),
@@ -309,7 +314,24 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
                 write_durable(destination, name, data)
     except OSError as error:
         raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
-    _out(f"exported case {case_id} (revision {manifest['analysis_revision']}, generation {manifest['package_generation']}) to {destination}")
+    _out(
+        f"exported case {case_id} revision {manifest['analysis_revision']} "
+        f"(published at generation {manifest['package_generation']}) to {destination}"
+    )
+    if current["analysis_revision"] != manifest["analysis_revision"]:
+        _progress(
+            f"note: revision {current['analysis_revision']} has no case yet; "
+            f"this is the case of revision {manifest['analysis_revision']}"
+        )
+
+
+def _publishing_manifest(package, generation: int, case_path: str) -> dict:
+    """The manifest of the generation that first listed ``case_path``."""
+    for candidate in range(1, generation + 1):
+        manifest = package.manifest(candidate)
+        if case_path in manifest["files"]:
+            return manifest
+    raise CaseBuildError("INTEGRITY_ERROR", "no manifest lists the current case", path=case_path)
 
 
 # ------------------------------------------------------------------ status

@@ -270,6 +270,9 @@ def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
         if doc["size"] > limits.document_bytes:
             raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
         structured_bytes += doc["size"]
+    prior = plan.get("prior_case")
+    if prior is not None and prior["size"] > limits.case_bytes:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {prior['size']} bytes, limit {limits.case_bytes}", path=prior["path"])
     counted = len(plan["documents"]) + (1 if current else 0)
     if counted > limits.documents:
         raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}")

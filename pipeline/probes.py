@@ -150,6 +150,14 @@ def _shown_id(record_id: str) -> str:
     return one_line(record_id, _ID_LIMIT).replace(",", "\\x2c").replace(" ", "\\x20").replace(";", "\\x3b")
 
 
+def _quoted(text: str, limit: int) -> str:
+    """A supplied string (claim key, content path) as a JSON string literal, so
+    it cannot forge further ``; ...`` entries of the summary."""
+    import json
+
+    return one_line(json.dumps(text[:limit], ensure_ascii=False), limit + 64)
+
+
 def _conflict_ids(conflict: Mapping) -> set[str]:
     values = conflict.get("values")
     if not isinstance(values, list):
@@ -162,7 +170,7 @@ def _reasons(case: Mapping) -> list[str]:
 
     Order: expected-behaviour completeness, then claim conflicts sorted by
     (block, key), each naming the record ids of every conflicting value
-    (``claim_conflict human_observations key=switch.state ids=O0001,O0003``;
+    (``claim_conflict human_observations key="switch.state" ids=O0001,O0003``;
     ids in natural order, each once; ``ids=none`` if the case lists none),
     then data-quality gaps sorted by (code, source); identical entries are
     named once. Messages, values and hypotheses are never quoted: the summary
@@ -182,7 +190,7 @@ def _reasons(case: Mapping) -> list[str]:
             ids |= _conflict_ids(c)
     for (block, key), ids in sorted(named.items()):
         shown_ids = ",".join(_shown_id(i) for i in sorted(ids, key=_record_id_order)) or "none"
-        reasons.append(f"claim_conflict {one_line(block, 80)} key={one_line(key, 120)} ids={shown_ids}")
+        reasons.append(f"claim_conflict {one_line(block, 80)} key={_quoted(key, 120)} ids={shown_ids}")
     gaps = quality.get("gaps") if isinstance(quality.get("gaps"), list) else []
     gap_names = sorted(
         {
@@ -192,7 +200,7 @@ def _reasons(case: Mapping) -> list[str]:
         }
     )
     for code, source in gap_names:
-        reasons.append(f"gap {one_line(code, 80)}" + (f" source={one_line(source, 200)}" if source else ""))
+        reasons.append(f"gap {one_line(code, 80)}" + (f" source={_quoted(source, 200)}" if source else ""))
     return reasons
 
 

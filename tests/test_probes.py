@@ -144,7 +144,7 @@ def test_claim_conflict_is_named_by_block_key_and_record_ids():
         }
     ]
     result = unresolved(built_case(data_quality__claim_conflicts=conflicts))
-    assert result["failure_summary"] == "claim_conflict human_observations key=switch.state ids=O0001,O0002,O0003"
+    assert result["failure_summary"] == "claim_conflict human_observations key=\"switch.state\" ids=O0001,O0002,O0003"
     assert "open" not in result["failure_summary"]  # values are not quoted or interpreted
     assert "report-1" not in result["failure_summary"]
 
@@ -156,7 +156,7 @@ def test_conflict_ids_are_in_natural_order_each_once():
         {"block": "expected_behavior", "key": "k", "values": [value("E0002", 2), value("E0001", 4)]},
     ]
     result = unresolved(built_case(data_quality__claim_conflicts=conflicts))
-    assert result["failure_summary"] == "claim_conflict expected_behavior key=k ids=E0001,E0002,E0010,E10000"
+    assert result["failure_summary"] == "claim_conflict expected_behavior key=\"k\" ids=E0001,E0002,E0010,E10000"
 
 
 def test_conflict_ids_cannot_forge_structure():
@@ -166,8 +166,8 @@ def test_conflict_ids_cannot_forge_structure():
     ]
     summary = unresolved(built_case(data_quality__claim_conflicts=conflicts))["failure_summary"]
     assert summary == (
-        "claim_conflict human_observations key=k ids=O0001\\nx,O1\\x2cO2\\x3b\\x20gap\\x20X; "
-        "claim_conflict human_observations key=no-ids ids=none"
+        "claim_conflict human_observations key=\"k\" ids=O0001\\nx,O1\\x2cO2\\x3b\\x20gap\\x20X; "
+        "claim_conflict human_observations key=\"no-ids\" ids=none"
     )
     assert "\n" not in summary
 
@@ -178,7 +178,7 @@ def test_gap_is_named_by_code_and_source():
         {"code": "UNREADABLE", "message": "m", "source": "original/report.json"},
     ]
     result = unresolved(built_case(data_quality__gaps=gaps))
-    assert result["failure_summary"] == "gap MISSING_INDEX; gap UNREADABLE source=original/report.json"
+    assert result["failure_summary"] == "gap MISSING_INDEX; gap UNREADABLE source=\"original/report.json\""
 
 
 def test_all_reasons_in_a_deterministic_order():
@@ -195,9 +195,9 @@ def test_all_reasons_in_a_deterministic_order():
     )
     expected = (
         "expected_behavior.completeness=reported_partial; "
-        "claim_conflict expected_behavior key=door.state ids=E0001,E0002; "
-        "claim_conflict human_observations key=door.state ids=O0001,O0003; "
-        "claim_conflict human_observations key=z.key ids=O0004,O0009; "
+        "claim_conflict expected_behavior key=\"door.state\" ids=E0001,E0002; "
+        "claim_conflict human_observations key=\"door.state\" ids=O0001,O0003; "
+        "claim_conflict human_observations key=\"z.key\" ids=O0004,O0009; "
         "gap MISSING_INDEX; gap Z_GAP"
     )
     assert unresolved(case)["failure_summary"] == expected
@@ -265,3 +265,20 @@ def test_command_output_when_nothing_is_unresolved():
         "case CASE-7: nothing unresolved; no probe candidates\n",
         0,
     )
+
+
+
+def test_a_claim_key_cannot_forge_other_entries():
+    """A supplied key is quoted as a JSON string, so '; gap ...' inside it stays inside it."""
+    key = 'k ids=O0001; gap MISSING_INDEX source=none; x'
+    case = {
+        "case": {"case_id": "c"},
+        "bug": {"titles": [], "summaries": []},
+        "expected_behavior": {"completeness": "reported_complete"},
+        "data_quality": {"gaps": [], "claim_conflicts": [
+            {"block": "human_observations", "key": key, "values": [{"id": "O0002"}, {"id": "O0003"}]}]},
+    }
+    result = probes.unresolved_from_case(case, case_path="case/revisions/0001/case.json", case_sha256="a" * 64)
+    summary = result["failure_summary"]
+    assert summary == 'claim_conflict human_observations key="k ids=O0001; gap MISSING_INDEX source=none; x" ids=O0002,O0003'
+    assert summary.count("claim_conflict") == 1

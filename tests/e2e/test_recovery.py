@@ -165,3 +165,52 @@ def test_a_corrupt_dep_file_is_discarded_not_fatal(tmp_path):
     assert again.returncode == 0, again.stderr
     assert len(kit.manifests(ws, "c1")) == 2
     sqlite3.connect(dep).execute("PRAGMA quick_check").fetchone()
+
+
+def test_export_after_a_reopen_pairs_the_case_with_the_manifest_that_published_it(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    dest = tmp_path / "out"
+    exported = kit.doit("export", "case=c1", f"dest={dest}", workspace=ws)
+    assert exported.returncode == 0, exported.stderr
+    assert "revision 2 has no case yet" in exported.stderr
+    manifest = json.loads((dest / "manifest.json").read_text())
+    case = json.loads((dest / "case.json").read_text())
+    assert manifest["analysis_revision"] == case["case"]["analysis_revision"] == 1
+    assert manifest["package_generation"] == 2 and manifest["artifacts"]["case"] == "case/revisions/0001/case.json"
+
+
+def test_a_damaged_cache_record_is_repaired_not_blamed_on_the_published_case(tmp_path):
+    """RELIABILITY 43 too: the change keeps size and mtime, and is still seen."""
+    import os
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    cached = ws / ".cache" / "c1" / "out" / "case.json"
+    stat = cached.stat()
+    data = bytearray(cached.read_bytes())
+    data[10] = ord("X") if data[10] != ord("X") else ord("Y")
+    cached.write_bytes(bytes(data))
+    os.utime(cached, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert ".  render" in rebuilt.stderr  # the content-hash checker saw the change despite the mtime
+    published = kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json"
+    assert cached.read_bytes() == published.read_bytes()  # repaired from the published case
+    assert len(kit.manifests(ws, "c1")) == 2
+
+
+def test_reuse_survives_lowered_document_and_case_limits_at_a_later_revision(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0  # revision 2, prior case = revision 1
+    shutil.rmtree(ws / ".cache")
+    store = CheckpointStore(Workspace(ws))
+    try:
+        tight = dataclasses.replace(CaseBuilderLimits(), document_bytes=100, case_bytes=1000)
+        result = CaseBuilder(store, tight).build("c1", "pkg-1")
+    finally:
+        store.close()
+    assert result["status"] == "reused"
