@@ -74,6 +74,7 @@ GAP_CODES: dict[str, str] = {
     "NO_REPRODUCTIONS": "no reproduction was supplied",
     "NO_EXPECTED_BEHAVIOR": "no expected behaviour was supplied",
     "SUPERSEDED_INPUT": "an earlier index of this revision listed this file in a role the current index does not; it is kept as an unclassified input",
+    "UNNORMALIZED_KEY": "a claim key or entity type here equals another one after Unicode NFC normalisation but not code point for code point; they are kept apart, not merged",
 }
 
 _NAMESPACES = ("O", "C", "T", "E", "F")
@@ -531,7 +532,28 @@ def assemble(snapshot: dict) -> dict:
         gaps.append(_gap("NO_EXPECTED_BEHAVIOR"))
     for path in snapshot.get("superseded", []):
         gaps.append({**_gap("SUPERSEDED_INPUT"), "source": path})
+    for path in _unnormalized_sources(case):
+        gaps.append({**_gap("UNNORMALIZED_KEY"), "source": path})
     return case
+
+
+def _unnormalized_sources(case: dict) -> list[str]:
+    """Sources holding a claim key or entity type that differs from another
+    only by Unicode normalisation (``café`` composed vs decomposed). Keys are
+    compared code point for code point (nothing is normalised or merged:
+    that would interpret supplied data), so such near-twins are shown as a gap
+    instead of silently never meeting."""
+    first_form: dict[tuple[str, str], str] = {}
+    flagged: list[str] = []
+    statements = list(case["human_observations"]["observations"]) + list(case["expected_behavior"]["statements"])
+    named = [("claim", s["claim"]["key"], s["provenance"]["source"]) for s in statements if s.get("claim")]
+    named += [("entity", e["type"], src["source"]) for e in case["entities"] for src in e["sources"]]
+    for kind, text, source in named:
+        folded = (kind, unicodedata.normalize("NFC", text))
+        seen = first_form.setdefault(folded, text)
+        if seen != text and source not in flagged:
+            flagged.append(source)
+    return flagged
 
 
 def _gap(code: str) -> dict:

@@ -780,3 +780,22 @@ def test_local_reference_check_agrees_with_workspace(ref):
             return exc.code
 
     assert outcome(module._local_check_reference) == outcome(workspace_check)
+
+
+def test_claim_keys_and_entity_types_differing_only_by_normalisation_are_a_gap_not_merged():
+    composed, decomposed = "caf\u00e9", "cafe\u0301"
+    first = ("original/a.json", {
+        "format": "viano-bug-report", "format_version": 1,
+        "observations": [{"text": "one", "claim": {"key": composed, "value": 1}}],
+        "entities": [{"type": composed, "id": "1"}],
+    }, 0)
+    second = ("original/b.json", {
+        "format": "viano-bug-report", "format_version": 1,
+        "observations": [{"text": "two", "claim": {"key": decomposed, "value": 2}}],
+        "entities": [{"type": decomposed, "id": "1"}],
+    }, 1)
+    case = assemble(snapshot(reports=[first, second]))
+    assert case["data_quality"]["claim_conflicts"] == []  # compared code point for code point
+    assert len(case["entities"]) == 2  # not merged
+    gaps = [g for g in case["data_quality"]["gaps"] if g["code"] == "UNNORMALIZED_KEY"]
+    assert [g["source"] for g in gaps] == ["original/b.json"]
