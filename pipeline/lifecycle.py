@@ -9,11 +9,17 @@ State machine (ARCHITECTURE.md section 4)::
     block        any but BLOCKED                          -> BLOCKED(code, route, retry_after)
     resume       BLOCKED                                  -> the state before the block
     complete     BUILDING_CASE with a case built          -> COMPLETED       (kind "completed")
-    intake       any but COMPLETED                        -> unchanged       (generation := new_generation)
+    intake       any but COMPLETED (or BLOCKED from COMPLETED) -> unchanged (generation := new_generation)
 
 "A case built" means a ``case_built`` checkpoint for the *current* analysis
 revision; there is at most one per revision (a second one with another
-request hash is ``REOPEN_REQUIRED``).
+request hash is ``REOPEN_REQUIRED``). ``start_build`` and ``case_built`` name
+their step ``case-build/v<BUILDER_VERSION>/r<current analysis_revision>``
+(:func:`step_id_for`); a step of another revision or builder version is
+``ILLEGAL_TRANSITION`` (it would rewrite what that revision is recorded as
+having confirmed), a malformed one ``INVALID_ARGUMENT``. A ``case_built``
+always publishes a new generation, so its ``new_generation`` must be greater
+than the case's.
 
 Guarantees: every write is one ``BEGIN IMMEDIATE`` transaction that first
 re-reads the case, so ``advance`` is a compare-and-swap on the generation;
@@ -28,11 +34,13 @@ output. One store object is one connection: use it from one thread.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from . import BUILDER_VERSION
 from .errors import IntegrityError, LifecycleError, VianoError
 from .workspace import Workspace, validate_id
 
@@ -43,11 +51,21 @@ __all__ = [
     "CaseRecord",
     "Checkpoint",
     "CheckpointStore",
+    "step_id_for",
 ]
 
 STATES = ("VALIDATED", "BUILDING_CASE", "REOPENED", "BLOCKED", "COMPLETED")
 TRANSITIONS = ("start_build", "case_built", "intake", "reopen", "block", "resume", "complete")
 SCHEMA_VERSION = 1
+
+#: The shape of a case-build step id: ``case-build/v<builder version>/r<revision>``.
+_STEP_ID_RE = re.compile(r"case-build/v([0-9A-Za-z][0-9A-Za-z._-]{0,31})/r([1-9][0-9]{0,17})")
+
+
+def step_id_for(analysis_revision: int) -> str:
+    """The step id of building ``analysis_revision`` with this builder (same as ``plan.step_id_for``)."""
+    return f"case-build/v{BUILDER_VERSION}/r{analysis_revision}"
+
 
 _KIND = {
     "start_build": "start",
@@ -403,8 +421,13 @@ class CheckpointStore:
         the step -> ``ILLEGAL_TRANSITION``; another case already built for this
         revision -> ``REOPEN_REQUIRED``. A refusal changes nothing.
 
-        Arguments: ``case_built`` needs ``step_id``, ``request_hash`` and
-        ``new_generation`` >= the current one; ``intake`` needs
+        Arguments: ``start_build`` needs ``step_id`` and ``case_built`` needs
+        ``step_id``, ``request_hash`` and ``new_generation``; the step id must
+        be :func:`step_id_for` of the case's current analysis revision (a
+        malformed one is ``INVALID_ARGUMENT``, one of another revision or
+        builder version ``ILLEGAL_TRANSITION``) and ``case_built``'s
+        ``new_generation`` must be greater than the case's generation
+        (else ``ILLEGAL_TRANSITION``); ``intake`` needs
         ``new_generation`` > the current one; ``reopen`` may take one;
         ``block`` needs ``detail={"code", "route", "retry_after"}`` (code a
         non-empty string, route a string, retry_after None, seconds >= 0 or a
@@ -415,7 +438,8 @@ class CheckpointStore:
         published generation, and the store must not fall behind it; the case
         stays BLOCKED with the same prior state -- and refused when COMPLETED
         (``ILLEGAL_TRANSITION``: a completed case takes no new inputs until it
-        is reopened).
+        is reopened), and when BLOCKED from COMPLETED (``REOPEN_REQUIRED``:
+        blocking and resuming must not be a way around the reopen).
         """
         validate_id(case_id, "case id")
         if transition not in TRANSITIONS:
@@ -434,9 +458,12 @@ class CheckpointStore:
                 json.dumps(detail, allow_nan=False)
             except (TypeError, ValueError):
                 raise _invalid("detail must be JSON-serialisable") from None
+        if transition in ("start_build", "case_built"):
+            if not isinstance(step_id, str) or _STEP_ID_RE.fullmatch(step_id) is None:
+                raise _invalid(f"{transition} needs a step_id of the form case-build/v<version>/r<revision>, not {step_id!r}")
         if transition == "case_built":
-            if not isinstance(step_id, str) or not step_id or not isinstance(request_hash, str) or not request_hash:
-                raise _invalid("case_built needs step_id and request_hash")
+            if not isinstance(request_hash, str) or not request_hash:
+                raise _invalid("case_built needs a request_hash")
             if new_generation is None:
                 raise _invalid("case_built needs new_generation")
         if transition == "intake" and new_generation is None:
@@ -465,24 +492,38 @@ class CheckpointStore:
                     "ILLEGAL_TRANSITION", f"{transition} is not allowed from {rec.state}{why} (case {case_id})"
                 )
 
+            def check_step() -> None:
+                # Only the current revision's step: confirming another
+                # revision's would rewrite what that revision is recorded as
+                # having built.
+                if step_id != step_id_for(revision):
+                    raise illegal(f" with step {step_id!r}: analysis revision {revision} builds as {step_id_for(revision)!r}")
+
             if transition == "start_build":
                 if state not in ("VALIDATED", "REOPENED"):
                     raise illegal()
+                check_step()
                 state = "BUILDING_CASE"
             elif transition == "case_built":
                 if state != "BUILDING_CASE":
                     raise illegal()
+                check_step()
                 if rec.case_built:
                     raise LifecycleError(
                         "REOPEN_REQUIRED",
                         f"analysis revision {revision} of case {case_id} already has a built case; reopen to change it",
                     )
-                if new_generation < generation:
-                    raise _invalid(f"new_generation {new_generation} is older than the case's {generation}")
+                if new_generation <= generation:
+                    raise illegal(f" with new_generation {new_generation}: a built case publishes a generation after {generation}")
                 generation = new_generation
             elif transition == "intake":
                 if state == "COMPLETED":
                     raise illegal()
+                if state == "BLOCKED" and rec.blocked["prior_state"] == "COMPLETED":
+                    raise LifecycleError(
+                        "REOPEN_REQUIRED",
+                        f"case {case_id} was COMPLETED before it was blocked; reopen it before it takes new inputs",
+                    )
                 if new_generation <= generation:
                     raise _invalid(f"intake needs a generation newer than {generation}")
                 generation = new_generation

@@ -24,6 +24,12 @@ Storage guarantees, and their limits:
   publish once that pid is gone, and possibly content files that no manifest
   names yet. Those are harmless: a retry with the same bytes adopts them, a
   different writer wanting other bytes at that path gets ``CONTENT_CONFLICT``.
+* A workspace package is published under the per-case lock
+  (:func:`~pipeline.workspace.case_lock`, re-entrant per process), the same
+  lock recovery's roll-forward holds while it removes content no manifest
+  lists: no writer is ever between its content and its manifest while that
+  runs. Two writers of one generation therefore take turns, and the second
+  finds its ``expected_generation`` stale.
 * Reads trust only the manifest: a path it does not name is
   ``REFERENCE_MISSING``, bytes whose size or SHA-256 differ are
   ``INTEGRITY_ERROR``, and every open goes through
@@ -48,6 +54,7 @@ from .jsoncanon import decode_strict, pretty_bytes
 from .workspace import (
     ID_PATTERN,
     Workspace,
+    case_lock,
     check_reference,
     makedirs_nofollow,
     open_dir_nofollow,
@@ -59,6 +66,7 @@ __all__ = [
     "CHUNK_SIZE",
     "MANIFEST_MAX_BYTES",
     "MANIFEST_FORMAT",
+    "PUBLISH_LOCK_TIMEOUT",
     "ARTIFACT_KEYS",
     "Package",
     "PackageWriter",
@@ -72,6 +80,9 @@ __all__ = [
 CHUNK_SIZE = 1 << 20
 MANIFEST_MAX_BYTES = 64 << 20  # a manifest lists paths and hashes only; 64 MiB is ~300k files
 MANIFEST_FORMAT = "viano-package"
+#: How long PackageWriter.publish waits for the case lock before LOCK_TIMEOUT.
+#: Generous: the holder is another command of the same case, doing bounded work.
+PUBLISH_LOCK_TIMEOUT = 60.0
 ARTIFACT_KEYS = ("case_inputs", "case", "case_summary")
 
 _MANIFEST_RE = re.compile(r"(\d{6})\.json")
@@ -648,8 +659,20 @@ class PackageWriter:
         project: Mapping[str, str] | None = None,
         accept_identical: bool = False,
         progress: Progress | None = None,
+        lock_timeout: float = PUBLISH_LOCK_TIMEOUT,
     ) -> dict:
         """Publish ``files`` and manifest ``expected_generation + 1``; return the new manifest.
+
+        The whole publication runs under ``case_lock(package.workspace,
+        package.case_id)`` when the package belongs to a workspace (a
+        ``Package.at`` staging package has no workspace and takes no lock).
+        Recovery's roll-forward removes content no manifest lists, under that
+        lock, so a writer between linking its content and linking its manifest
+        must hold it too. The lock is re-entrant per process, so callers that
+        already hold it (commands, ``build.hold_case_lock``) just go on. Not
+        getting it within ``lock_timeout`` seconds is ``LOCK_TIMEOUT``, with
+        nothing written. Racing writers therefore take turns; the later one
+        finds its ``expected_generation`` stale (``GENERATION_CONFLICT``).
 
         ``expected_generation`` must be the current generation, else
         ``GENERATION_CONFLICT`` before anything is written. Generation 1 is
@@ -664,6 +687,12 @@ class PackageWriter:
         manifest this call would have written (the retry of a publish whose
         writer died after the link): then it is returned and nothing is written.
         """
+        if self.package.workspace is None:
+            return self._publish(expected_generation, files, artifacts, analysis_revision, project, accept_identical, progress)
+        with case_lock(self.package.workspace, self.package.case_id, timeout=lock_timeout):
+            return self._publish(expected_generation, files, artifacts, analysis_revision, project, accept_identical, progress)
+
+    def _publish(self, expected_generation, files, artifacts, analysis_revision, project, accept_identical, progress) -> dict:
         pkg = self.package
         if type(expected_generation) is not int or expected_generation < 0:
             raise CaseBuildError("INVALID_ARGUMENT", f"expected_generation must be an integer >= 0, not {expected_generation!r}")

@@ -35,6 +35,7 @@ __all__ = [
     "check_reference",
     "Workspace",
     "case_lock",
+    "held_case_locks",
     "open_nofollow",
     "open_dir_nofollow",
     "makedirs_nofollow",
@@ -154,11 +155,74 @@ class Workspace:
         return self.root / ".locks" / f"{validate_id(case_id, 'case id')}.lock"
 
 
-# Locks this process already holds, per thread: path -> depth. flock treats two
-# descriptors of one file in one process as two owners, so a nested
-# case_lock for the same case in the same thread would wait on itself; we
-# count instead. Other threads still contend through their own descriptors.
-_held = threading.local()
+# Locks this process holds: (resolved workspace root, case_id) -> [fd, depth].
+# flock treats two descriptors of one file in one process as two owners, so a
+# nested case_lock would wait on itself; instead the first entry takes the
+# flock and later entries -- from any thread of this process -- only count.
+# The descriptor belongs to the record, not to the entry that opened it: the
+# flock is released when the *last* holder leaves, whichever thread that is.
+# Re-entrancy is therefore per process, not per thread: two threads of one
+# process do not exclude each other through case_lock (callers that need that
+# must serialise their threads themselves). This is what lets
+# ``build.hold_case_lock`` hold the lock for a process's lifetime while every
+# command, step and PackageWriter.publish inside it still enters case_lock.
+_held: dict[tuple[str, str], list[int]] = {}
+_held_guard = threading.Lock()
+
+
+def _forget_held_in_child() -> None:
+    """After fork: the child holds no lock of ours. Its copies of the parent's
+    descriptors share the parent's flock, so they are closed -- never unlocked,
+    which would release the parent's lock too."""
+    global _held_guard
+    _held_guard = threading.Lock()
+    for fd, _depth in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_in_child)
+
+
+def _lock_key(workspace: Workspace, case_id: str) -> tuple[str, str]:
+    # Resolved, so two spellings of one workspace (a symlink, a relative
+    # path) share one record instead of deadlocking on each other.
+    return (os.path.realpath(workspace.root), validate_id(case_id, "case id"))
+
+
+def _join_held(key: tuple[str, str]) -> bool:
+    """Count one more holder if this process already holds ``key``."""
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is None:
+            return False
+        entry[1] += 1
+        return True
+
+
+def _leave_held(key: tuple[str, str]) -> None:
+    """One holder leaves; the last one unlocks and closes the descriptor."""
+    with _held_guard:
+        entry = _held[key]
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _held[key]
+        fd = entry[0]
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def held_case_locks() -> list[tuple[str, str]]:
+    """The (resolved workspace root, case_id) keys this process holds, sorted (for tests and diagnostics)."""
+    with _held_guard:
+        return sorted(_held)
 
 
 @contextlib.contextmanager
@@ -169,34 +233,45 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
     holder dies (even by SIGKILL), and unlike ``lockf``/``fcntl`` record locks
     it is not silently released when any other descriptor of the file is
     closed. Waits by polling ``LOCK_NB`` with short sleeps until ``timeout``
-    seconds have passed (at least one attempt is made). Re-entrant within one
-    thread. The lock file is never deleted: unlinking a lock file lets two
-    processes lock two different inodes.
+    seconds have passed (at least one attempt is made). The lock file is
+    never deleted: unlinking a lock file lets two processes lock two
+    different inodes.
+
+    Re-entrant **per process** (not per thread): while this process holds the
+    lock of (workspace, case) -- through any thread, including a
+    ``build.hold_case_lock`` that never exits -- a further ``case_lock`` of it
+    yields at once. The flock is released when the last holder leaves. Other
+    processes are excluded for as long as any holder remains.
     """
-    path = workspace.lock_path(case_id)
-    depths = getattr(_held, "depths", None)
-    if depths is None:
-        depths = _held.depths = {}
-    key = str(path)
-    if depths.get(key, 0) > 0:
-        depths[key] += 1
+    key = _lock_key(workspace, case_id)
+    if _join_held(key):
         try:
             yield
         finally:
-            depths[key] -= 1
+            _leave_held(key)
         return
 
+    path = workspace.lock_path(case_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    owned = False  # True once the record owns fd (it is then closed by the last holder)
     try:
         deadline = time.monotonic() + max(0.0, timeout)
         delay = 0.002
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
-                pass
+                # Another thread of this process may have taken it meanwhile:
+                # then we are a nested holder, not a waiter.
+                if _join_held(key):
+                    break
+            else:
+                with _held_guard:
+                    # Nobody else of ours can hold it: we hold the flock.
+                    _held[key] = [fd, 1]
+                owned = True
+                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LifecycleError(
@@ -204,14 +279,13 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
                 )
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.05)
-        depths[key] = 1
-        try:
-            yield
-        finally:
-            depths.pop(key, None)
-            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        os.close(fd)
+        if not owned:
+            os.close(fd)
+    try:
+        yield
+    finally:
+        _leave_held(key)
 
 
 def _unsafe_or_missing(parent_fd: int, name: str, relpath: str, exc: OSError) -> VianoError:

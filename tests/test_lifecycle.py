@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from pipeline import BUILDER_VERSION
 from pipeline.errors import VianoError
 from pipeline.lifecycle import STATES, TRANSITIONS, CheckpointStore
 from pipeline.workspace import Workspace
@@ -90,7 +91,7 @@ def test_data_survives_reopening_the_store(tmp_path):
 
 def test_unknown_case(store):
     assert code_of(store.get, "nope") == "UNKNOWN_CASE"
-    assert code_of(store.advance, "nope", "start_build", expected_generation=1) == "UNKNOWN_CASE"
+    assert code_of(store.advance, "nope", "start_build", expected_generation=1, step_id=STEP1) == "UNKNOWN_CASE"
     assert store.checkpoints("nope") == []
     assert code_of(store.get, "../x") == "UNSAFE_ID"
 
@@ -114,7 +115,7 @@ def _dump(store):
         ("complete", {}, "ILLEGAL_TRANSITION"),
         ("reopen", {}, "ILLEGAL_TRANSITION"),
         ("resume", {}, "ILLEGAL_TRANSITION"),
-        ("start_build", {}, None),
+        ("start_build", {"step_id": STEP1}, None),
     ],
 )
 def test_illegal_from_validated(store, transition, kwargs, code):
@@ -133,6 +134,8 @@ def test_stale_generation_changes_nothing(store):
     before = _dump(store)
     for transition in TRANSITIONS:
         kwargs = {"step_id": STEP1, "request_hash": "h", "new_generation": 5} if transition in ("case_built", "intake") else {}
+        if transition == "start_build":
+            kwargs = {"step_id": STEP1}
         if transition == "block":
             kwargs = {"detail": BLOCK}
         assert code_of(store.advance, "c1", transition, expected_generation=1, **kwargs) == "STALE_GENERATION"
@@ -151,7 +154,14 @@ def test_bad_arguments(store):
         ("block", {"detail": {"code": "", "route": "r"}}),
         ("block", {"detail": {"code": "X", "route": "r", "retry_after": -1}}),
         ("block", {"detail": {"code": "X", "route": "r", "surprise": 1}}),
-        ("start_build", {"detail": {"x": float("nan")}}),
+        ("start_build", {"step_id": STEP1, "detail": {"x": float("nan")}}),
+        ("start_build", {}),  # needs step_id
+        ("start_build", {"step_id": "garbage"}),
+        ("start_build", {"step_id": "case-build/v1/r0"}),
+        ("start_build", {"step_id": "case-build/v1/r1/"}),
+        ("start_build", {"step_id": "case-build/v1/r1\n"}),
+        ("start_build", {"step_id": 1}),
+        ("case_built", {"step_id": "case-build/v1/rx", "request_hash": "h", "new_generation": 2}),
     ]
     for transition, kwargs in bad:
         assert code_of(store.advance, "c1", transition, expected_generation=1, **kwargs) == "INVALID_ARGUMENT", transition
@@ -188,7 +198,7 @@ def test_replay_works_in_any_later_state(store):
 
 def test_reopen_rules(store):
     store.admit("c1", "p1", 1)
-    store.advance("c1", "start_build", expected_generation=1)
+    store.advance("c1", "start_build", expected_generation=1, step_id=STEP1)
     assert code_of(store.advance, "c1", "reopen", expected_generation=1) == "ILLEGAL_TRANSITION"  # nothing built yet
     store.advance("c1", "case_built", expected_generation=1, step_id=STEP1, request_hash="h", new_generation=2)
     cp = store.advance("c1", "reopen", expected_generation=2, new_generation=3)
@@ -196,7 +206,8 @@ def test_reopen_rules(store):
     assert code_of(store.advance, "c1", "reopen", expected_generation=3) == "ILLEGAL_TRANSITION"
     assert code_of(store.advance, "c1", "complete", expected_generation=3) == "ILLEGAL_TRANSITION"
     # The new revision builds again under its own step id.
-    store.advance("c1", "start_build", expected_generation=3)
+    assert code_of(store.advance, "c1", "start_build", expected_generation=3, step_id=STEP1) == "ILLEGAL_TRANSITION"
+    store.advance("c1", "start_build", expected_generation=3, step_id="case-build/v1/r2")
     store.advance("c1", "case_built", expected_generation=3, step_id="case-build/v1/r2", request_hash="h", new_generation=4)
     assert store.get("c1").case_built
 
@@ -209,7 +220,8 @@ def test_block_and_resume_return_to_the_state_before(store):
     assert rec.blocked == {"code": "RESEARCH_UNAVAILABLE", "route": "research", "retry_after": 60, "prior_state": "BUILDING_CASE"}
     assert code_of(store.advance, "c1", "block", expected_generation=2, detail=BLOCK) == "ILLEGAL_TRANSITION"
     for transition in ("start_build", "complete", "reopen"):
-        assert code_of(store.advance, "c1", transition, expected_generation=2) == "ILLEGAL_TRANSITION"
+        kwargs = {"step_id": STEP1} if transition == "start_build" else {}
+        assert code_of(store.advance, "c1", transition, expected_generation=2, **kwargs) == "ILLEGAL_TRANSITION"
     # Intake is recorded while blocked (the package already holds that generation).
     store.advance("c1", "intake", expected_generation=2, new_generation=3)
     assert store.get("c1").state == "BLOCKED" and store.get("c1").blocked["prior_state"] == "BUILDING_CASE"
@@ -223,6 +235,78 @@ def test_intake_refused_when_completed(store):
     built_case(store)
     store.advance("c1", "complete", expected_generation=2)
     assert code_of(store.advance, "c1", "intake", expected_generation=2, new_generation=3) == "ILLEGAL_TRANSITION"
+
+
+def test_intake_refused_while_blocked_from_completed(store):
+    """COMPLETED -> block -> intake -> resume must not be a way to new inputs without a reopen."""
+    built_case(store)
+    store.advance("c1", "complete", expected_generation=2)
+    store.advance("c1", "block", expected_generation=2, detail=BLOCK)
+    before = _dump(store)
+    assert code_of(store.advance, "c1", "intake", expected_generation=2, new_generation=3) == "REOPEN_REQUIRED"
+    assert _dump(store) == before
+    store.advance("c1", "resume", expected_generation=2)
+    rec = store.get("c1")
+    assert (rec.state, rec.generation) == ("COMPLETED", 2)
+    # The way to new inputs is a reopen.
+    store.advance("c1", "reopen", expected_generation=2)
+    store.advance("c1", "intake", expected_generation=2, new_generation=3)
+    assert store.get("c1").generation == 3
+
+
+def test_intake_while_blocked_from_other_states_still_recorded(store):
+    store.admit("c1", "p1", 1)
+    store.advance("c1", "block", expected_generation=1, detail=BLOCK)
+    store.advance("c1", "intake", expected_generation=1, new_generation=2)
+    rec = store.get("c1")
+    assert (rec.state, rec.generation, rec.blocked["prior_state"]) == ("BLOCKED", 2, "VALIDATED")
+
+
+def test_case_built_refuses_a_step_of_another_revision(store):
+    """At revision 2 a case_built naming revision 1's step would rewrite what r1 confirmed."""
+    built_case(store)
+    store.advance("c1", "reopen", expected_generation=2)
+    store.advance("c1", "start_build", expected_generation=2, step_id="case-build/v1/r2")
+    before = _dump(store)
+    for step in (STEP1, "case-build/v1/r3", "case-build/v2/r2"):
+        assert code_of(
+            store.advance, "c1", "case_built", expected_generation=2, step_id=step, request_hash="h9", new_generation=3
+        ) == "ILLEGAL_TRANSITION", step
+    assert code_of(
+        store.advance, "c1", "case_built", expected_generation=2, step_id="garbage", request_hash="h9", new_generation=3
+    ) == "INVALID_ARGUMENT"
+    assert _dump(store) == before
+    assert store.confirmed("c1", STEP1).request_hash == "h1"  # what revision 1 confirmed is untouched
+    assert not store.get("c1").case_built
+    # The replay of revision 1's own confirmed request is still a replay.
+    assert store.advance(
+        "c1", "case_built", expected_generation=1, step_id=STEP1, request_hash="h1", new_generation=2
+    ).request_hash == "h1"
+    assert _dump(store) == before
+    cp = store.advance("c1", "case_built", expected_generation=2, step_id="case-build/v1/r2", request_hash="h2", new_generation=3)
+    assert (cp.step_id, cp.analysis_revision, cp.generation) == ("case-build/v1/r2", 2, 3)
+
+
+@pytest.mark.parametrize("new_generation", [0, 1, 2])
+def test_case_built_needs_a_newer_generation(store, new_generation):
+    store.admit("c1", "p1", 1)
+    store.advance("c1", "intake", expected_generation=1, new_generation=2)
+    store.advance("c1", "start_build", expected_generation=2, step_id=STEP1)
+    before = _dump(store)
+    assert code_of(
+        store.advance, "c1", "case_built", expected_generation=2, step_id=STEP1, request_hash="h", new_generation=new_generation
+    ) == "ILLEGAL_TRANSITION"
+    assert _dump(store) == before
+    assert store.advance("c1", "case_built", expected_generation=2, step_id=STEP1, request_hash="h", new_generation=3).generation == 3
+
+
+def test_step_id_matches_the_plan():
+    from pipeline import BUILDER_VERSION
+    from pipeline.lifecycle import step_id_for
+    from pipeline.plan import step_id_for as plan_step_id_for
+
+    for revision in (1, 2, 17):
+        assert step_id_for(revision) == plan_step_id_for(revision) == f"case-build/v{BUILDER_VERSION}/r{revision}"
 
 
 # ---------------------------------------------------------------- storage guarantees
@@ -249,7 +333,7 @@ def test_busy_store_is_lock_timeout_and_changes_nothing(tmp_path):
     try:
         with CheckpointStore(ws, busy_timeout=0.2) as s:
             started = time.monotonic()
-            assert code_of(s.advance, "c1", "start_build", expected_generation=1) == "LOCK_TIMEOUT"
+            assert code_of(s.advance, "c1", "start_build", expected_generation=1, step_id=STEP1) == "LOCK_TIMEOUT"
             assert time.monotonic() - started >= 0.15
     finally:
         other.execute("ROLLBACK")
@@ -344,33 +428,44 @@ class Model:
         self.cases[case_id] = {"state": "VALIDATED", "rev": 1, "gen": 1, "prior": None, "built": {}, "log": 1}
         return None
 
-    def advance(self, case_id, transition, expected, step_id, request_hash, new_gen):
+    def advance(self, case_id, transition, expected, step, request_hash, new_gen):
+        """``step`` is (builder version, revision) or None for a malformed step id."""
+        if transition in ("start_build", "case_built") and step is None:
+            return "INVALID_ARGUMENT", None  # checked before the case is even looked up
         c = self.cases.get(case_id)
         if c is None:
             return "UNKNOWN_CASE", None
         if transition == "case_built":
-            for rev, (sid, rh) in c["built"].items():
-                if sid == step_id and rh == request_hash:
+            for rev, (confirmed_step, rh) in c["built"].items():
+                if confirmed_step == step and rh == request_hash:
                     return None, ("replay", rev)
         if expected != c["gen"]:
             return "STALE_GENERATION", None
         state, built_now = c["state"], c["rev"] in c["built"]
+        # Only the current revision, built by this builder, may start or confirm a build.
+        own_step = step == (BUILDER_VERSION, c["rev"])
         if transition == "start_build":
             if state not in ("VALIDATED", "REOPENED"):
+                return "ILLEGAL_TRANSITION", None
+            if not own_step:
                 return "ILLEGAL_TRANSITION", None
             c["state"] = "BUILDING_CASE"
         elif transition == "case_built":
             if state != "BUILDING_CASE":
                 return "ILLEGAL_TRANSITION", None
+            if not own_step:
+                return "ILLEGAL_TRANSITION", None
             if built_now:
                 return "REOPEN_REQUIRED", None
-            if new_gen < c["gen"]:
-                return "INVALID_ARGUMENT", None
-            c["built"][c["rev"]] = (step_id, request_hash)
+            if new_gen <= c["gen"]:  # a built case is always a new generation
+                return "ILLEGAL_TRANSITION", None
+            c["built"][c["rev"]] = (step, request_hash)
             c["gen"] = new_gen
         elif transition == "intake":
             if state == "COMPLETED":
                 return "ILLEGAL_TRANSITION", None
+            if state == "BLOCKED" and c["prior"] == "COMPLETED":
+                return "REOPEN_REQUIRED", None  # a completed case takes new inputs only after a reopen
             if new_gen <= c["gen"]:
                 return "INVALID_ARGUMENT", None
             c["gen"] = new_gen
@@ -426,25 +521,33 @@ class LifecycleMachine(RuleBasedStateMachine):
         case_id=st.sampled_from(["a", "b"]),
         transition=st.sampled_from(TRANSITIONS),
         gen_offset=st.sampled_from([0, 0, 0, 0, -1, 1]),
-        step_rev_offset=st.sampled_from([0, 0, 0, -1]),
+        step_kind=st.sampled_from(["current", "current", "current", "previous", "next", "other_builder", "garbage"]),
         request_hash=st.sampled_from(["h1", "h2"]),
         new_gen_offset=st.sampled_from([1, 1, 1, 0, -1]),
     )
-    def advance(self, case_id, transition, gen_offset, step_rev_offset, request_hash, new_gen_offset):
+    def advance(self, case_id, transition, gen_offset, step_kind, request_hash, new_gen_offset):
         c = self.model.cases.get(case_id)
         gen = c["gen"] if c else 1
         rev = c["rev"] if c else 1
         expected_gen = max(0, gen + gen_offset)
-        step_id = f"case-build/v1/r{max(1, rev + step_rev_offset)}"
+        step_rev = {"previous": rev - 1, "next": rev + 1}.get(step_kind, rev)
+        version = "9" if step_kind == "other_builder" else BUILDER_VERSION
+        if step_kind == "garbage":
+            step_id, step = "case-build/latest", None
+        else:
+            step_id = f"case-build/v{version}/r{step_rev}"
+            step = (version, step_rev) if step_rev >= 1 else None  # r0 is not a revision
         new_gen = max(0, gen + new_gen_offset)
         kwargs = {"expected_generation": expected_gen}
         if transition == "case_built":
             kwargs.update(step_id=step_id, request_hash=request_hash, new_generation=new_gen)
+        elif transition == "start_build":
+            kwargs.update(step_id=step_id)
         elif transition == "intake":
             kwargs.update(new_generation=new_gen)
         elif transition == "block":
             kwargs.update(detail=BLOCK)
-        code, replay = self.model.advance(case_id, transition, expected_gen, step_id, request_hash, new_gen)
+        code, replay = self.model.advance(case_id, transition, expected_gen, step, request_hash, new_gen)
         if code:
             with pytest.raises(VianoError) as info:
                 self.store.advance(case_id, transition, **kwargs)
@@ -457,6 +560,31 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert cp.transition == transition
             if transition == "case_built":
                 self.replays[(case_id, step_id, request_hash)] = cp
+
+    # Random single steps rarely line up into a long legal path (COMPLETED,
+    # then BLOCKED, ...), so this rule walks one with the right arguments and
+    # draws only the last step's step id and new generation; every step is
+    # still checked against the model, and random steps go on from there.
+    PATHS = {
+        "start": ("start_build",),
+        "build": ("start_build", "case_built"),
+        "complete_block_intake": ("start_build", "case_built", "complete", "block", "intake"),
+        "reopen_start": ("reopen", "start_build"),
+        "reopen_build": ("reopen", "start_build", "case_built"),
+    }
+
+    @rule(
+        case_id=st.sampled_from(["a", "b"]),
+        path=st.sampled_from(sorted(PATHS)),
+        request_hash=st.sampled_from(["h1", "h2"]),
+        step_kind=st.sampled_from(["current", "previous", "next", "other_builder", "garbage"]),
+        new_gen_offset=st.sampled_from([1, 0, -1]),
+    )
+    def walk(self, case_id, path, request_hash, step_kind, new_gen_offset):
+        *steps, last = self.PATHS[path]
+        for transition in steps:
+            self.advance(case_id, transition, gen_offset=0, step_kind="current", request_hash=request_hash, new_gen_offset=1)
+        self.advance(case_id, last, gen_offset=0, step_kind=step_kind, request_hash=request_hash, new_gen_offset=new_gen_offset)
 
     @invariant()
     def store_matches_model(self):
@@ -478,6 +606,6 @@ class LifecycleMachine(RuleBasedStateMachine):
 
 
 LifecycleMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_lifecycle_state_machine = LifecycleMachine.TestCase

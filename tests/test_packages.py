@@ -456,6 +456,9 @@ def test_cleanup_orphans_removes_only_dead_writers_temps(pkg):
 
 
 def test_two_processes_race_for_each_generation(pkg, tmp_path):
+    """Both racers publish generation r+1 from r; publish holds the case lock, so
+    they serialise and the second gets GENERATION_CONFLICT (its expected
+    generation is stale), never a partial manifest or file."""
     rounds = 20
     sync = tmp_path / "sync"
     sync.mkdir()
@@ -502,6 +505,9 @@ def test_two_processes_race_for_each_generation(pkg, tmp_path):
         loser = "B" if winner == "A" else "A"
         assert f"round{rnd}/{winner}.bin" in final["files"]
         assert f"round{rnd}/{loser}.bin" not in final["files"]
+        # The racers take turns under the case lock: the loser saw its stale
+        # expected_generation before writing, so not even its content exists.
+        assert not (pkg.content_dir / f"round{rnd}" / f"{loser}.bin").exists()
     assert temps(pkg.dir) == []
 
 
@@ -596,3 +602,146 @@ def test_content_path_race_at_link(pkg, monkeypatch, theirs, code):
         assert pkg.current_generation() == 1
     assert (pkg.content_dir / "raced.bin").read_bytes() == theirs
     assert temps(pkg.dir) == []
+
+
+# ---------------------------------------------------------------- publish holds the case lock
+
+
+PAUSED_FILES = {"original/paused.txt": "paused\n", "inputs/2/case-inputs.json": '{"format": "viano-case-inputs"}\n'}
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert proc.poll() is None, f"{what} died: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"{what} never got there"
+        time.sleep(0.005)
+
+
+def test_publish_paused_between_content_and_manifest_blocks_other_processes(pkg, tmp_path):
+    """A writer between linking its content and linking its manifest holds the
+    case lock, so another process's roll-forward (which removes content no
+    manifest lists, under that lock) cannot delete the content from under it."""
+    from pipeline.recovery import remove_unpublished_content
+    from pipeline.workspace import case_lock
+
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    child = subprocess.Popen(
+        [sys.executable, str(PROCS / "pause_publish.py"), str(pkg.workspace.root), pkg.case_id, pkg.package_id, "1",
+         json.dumps(PAUSED_FILES), "publish:after-content", str(ready), str(go)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    waiter = None
+    try:
+        _wait_for(ready, child, "the publishing child")
+        # Exactly the dangerous moment: content linked, no manifest lists it yet.
+        assert (pkg.content_dir / "original" / "paused.txt").read_bytes() == b"paused\n"
+        assert _fresh(pkg).current_generation() == 1
+        # Another process cannot take the case lock while the child publishes.
+        with pytest.raises(VianoError) as info:
+            with case_lock(pkg.workspace, pkg.case_id, timeout=0.3):
+                pass
+        assert info.value.code == "LOCK_TIMEOUT"
+
+        # A roll-forward-like cleaner waiting for the lock in this process.
+        seen = {}
+
+        def cleaner():
+            with case_lock(pkg.workspace, pkg.case_id, timeout=30):
+                seen["generation"] = _fresh(pkg).current_generation()
+                seen["removed"] = remove_unpublished_content(_fresh(pkg))
+
+        import threading
+
+        waiter = threading.Thread(target=cleaner)
+        waiter.start()
+        time.sleep(0.3)
+        assert waiter.is_alive() and seen == {}  # still waiting for the child
+        go.touch()
+        out, err = child.communicate(timeout=30)
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+    finally:
+        go.touch()
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    assert child.returncode == 0, err
+    # The cleaner got the lock only after the manifest was linked, and found nothing to remove.
+    assert seen == {"generation": 2, "removed": []}
+    fresh = _fresh(pkg)
+    manifest = fresh.manifest()
+    assert manifest == json.loads(out)
+    assert set(PAUSED_FILES) <= set(manifest["files"])
+    for path, entry in manifest["files"].items():
+        assert fresh.verify_file(path, manifest=manifest) == (entry["sha256"], entry["size"])
+    assert temps(pkg.dir) == []
+
+
+def test_publish_times_out_with_lock_timeout_and_writes_nothing(pkg, tmp_path):
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen(
+        [sys.executable, str(PROCS / "lock_holder.py"), str(pkg.workspace.root), pkg.case_id, str(ready)]
+    )
+    try:
+        _wait_for(ready, holder, "the lock holder")
+        before = snapshot(pkg.dir)
+        started = time.monotonic()
+        with pytest.raises(VianoError) as info:
+            PackageWriter(pkg).publish(1, {"original/late.txt": b"late"}, lock_timeout=0.3)
+        assert info.value.code == "LOCK_TIMEOUT"
+        assert 0.3 <= time.monotonic() - started < 5
+        assert snapshot(pkg.dir) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert PackageWriter(pkg).publish(1, {"original/late.txt": b"late"})["package_generation"] == 2
+
+
+def test_publish_default_lock_wait_is_generous():
+    import inspect
+
+    from pipeline.packages import PUBLISH_LOCK_TIMEOUT
+
+    assert PUBLISH_LOCK_TIMEOUT >= 60
+    assert inspect.signature(PackageWriter.publish).parameters["lock_timeout"].default == PUBLISH_LOCK_TIMEOUT
+
+
+def test_publish_inside_a_held_case_lock_is_reentrant(pkg):
+    """Commands and build.hold_case_lock hold the lock around publish; the
+    latter enters it and never leaves, and doit may publish from another thread."""
+    import threading
+
+    from pipeline.workspace import case_lock, held_case_locks
+
+    with case_lock(pkg.workspace, pkg.case_id, timeout=1):
+        m = PackageWriter(pkg).publish(1, {"a.txt": b"a"}, lock_timeout=0)
+        assert m["package_generation"] == 2
+    assert held_case_locks() == []
+
+    forever = case_lock(pkg.workspace, pkg.case_id, timeout=1)
+    forever.__enter__()  # the hold_case_lock pattern
+    try:
+        results = []
+        t = threading.Thread(target=lambda: results.append(PackageWriter(pkg).publish(2, {"b.txt": b"b"}, lock_timeout=0)))
+        t.start()
+        t.join()
+        assert [r["package_generation"] for r in results] == [3]
+    finally:
+        forever.__exit__(None, None, None)
+    assert held_case_locks() == []
+
+
+def test_staging_package_publishes_without_a_lock(ws, tmp_path):
+    """A Package.at staging package has no workspace: publish takes no case lock."""
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, str(PROCS / "lock_holder.py"), str(ws.root), "case-1", str(ready)])
+    try:
+        _wait_for(ready, holder, "the lock holder")
+        staged = Package.at(tmp_path / "staging" / "pkg-1", "case-1", "pkg-1")
+        m = PackageWriter(staged).publish(0, {"x.txt": b"x"}, project=PROJECT, analysis_revision=1, lock_timeout=0)
+        assert m["package_generation"] == 1
+        assert staged.read_verified("x.txt", 10) == b"x"
+    finally:
+        holder.kill()
+        holder.wait()

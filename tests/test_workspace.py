@@ -273,28 +273,134 @@ def test_lock_waiter_gets_lock_when_holder_dies_during_wait(tmp_path):
         holder.wait()
 
 
-def test_lock_is_reentrant_in_one_thread_and_exclusive_across_threads(tmp_path):
+_TRY_LOCK = (
+    "import sys\n"
+    "from pipeline.errors import VianoError\n"
+    "from pipeline.workspace import Workspace, case_lock\n"
+    "try:\n"
+    "    with case_lock(Workspace(sys.argv[1]), sys.argv[2], timeout=float(sys.argv[3])):\n"
+    "        print('got')\n"
+    "except VianoError as exc:\n"
+    "    print(exc.code)\n"
+)
+
+
+def _other_process_tries(ws: Workspace, case_id: str = "c1", timeout: float = 0.2) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRY_LOCK, str(ws.root), case_id, str(timeout)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_lock_is_reentrant_per_process_and_exclusive_across_processes(tmp_path):
+    """Re-entrancy is per process, not per thread: a nested case_lock from any
+    thread of the holding process joins at once; other processes wait until
+    the last holder (whichever leaves last) is gone."""
     import threading
 
-    ws = Workspace(tmp_path)
+    from pipeline.workspace import held_case_locks
+
+    ws = Workspace(tmp_path / "ws")
+    inner_entered = threading.Event()
+    leave_inner = threading.Event()
     results = []
+
+    def other_thread():
+        try:
+            with case_lock(ws, "c1", timeout=0):  # timeout 0: would fail if it had to wait
+                results.append("got")
+                inner_entered.set()
+                leave_inner.wait(30)
+        except VianoError as exc:
+            results.append(exc.code)
+            inner_entered.set()
+
     with case_lock(ws, "c1", timeout=1):
-        with case_lock(ws, "c1", timeout=0):  # nested: no self-deadlock
+        with case_lock(ws, "c1", timeout=0):  # nested in this thread: no self-deadlock
+            pass
+        assert held_case_locks() == [(os.path.realpath(ws.root), "c1")]
+        t = threading.Thread(target=other_thread)
+        t.start()
+        assert inner_entered.wait(30)
+        assert results == ["got"]
+        assert _other_process_tries(ws) == "LOCK_TIMEOUT"
+        assert _other_process_tries(ws, "c2") == "got"  # other cases are free
+    # The outer holder has left but the other thread still holds it: still locked.
+    assert held_case_locks() == [(os.path.realpath(ws.root), "c1")]
+    assert _other_process_tries(ws) == "LOCK_TIMEOUT"
+    leave_inner.set()
+    t.join(30)
+    assert held_case_locks() == []
+    assert _other_process_tries(ws) == "got"  # released by the last holder
+    with case_lock(ws, "c1", timeout=0):
+        pass
+
+
+def test_lock_nests_across_spellings_of_one_workspace(tmp_path):
+    """The record is keyed by the resolved root: a symlinked or relative spelling nests."""
+    real = tmp_path / "ws"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with case_lock(Workspace(real), "c1", timeout=1):
+        with case_lock(Workspace(link), "c1", timeout=0):
+            pass
+        with case_lock(Workspace(os.path.relpath(real)), "c1", timeout=0):
             pass
 
-        def other():
-            try:
-                with case_lock(ws, "c1", timeout=0.1):
-                    results.append("got")
-            except VianoError as exc:
-                results.append(exc.code)
 
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
-    assert results == ["LOCK_TIMEOUT"]
-    with case_lock(ws, "c1", timeout=0):  # released after the outer block
-        pass
+def test_a_never_exited_lock_keeps_excluding_other_processes(tmp_path):
+    """build.hold_case_lock enters case_lock and never leaves; nested entries come and go."""
+    ws = Workspace(tmp_path / "ws")
+    manager = case_lock(ws, "c1", timeout=1)
+    manager.__enter__()
+    try:
+        for _ in range(3):
+            with case_lock(ws, "c1", timeout=0):
+                pass
+        assert _other_process_tries(ws) == "LOCK_TIMEOUT"
+    finally:
+        manager.__exit__(None, None, None)
+    assert _other_process_tries(ws) == "got"
+
+
+def test_nested_lock_released_on_exception(tmp_path):
+    from pipeline.workspace import held_case_locks
+
+    ws = Workspace(tmp_path / "ws")
+    with pytest.raises(RuntimeError):
+        with case_lock(ws, "c1", timeout=1):
+            with case_lock(ws, "c1", timeout=0):
+                raise RuntimeError("boom")
+    assert held_case_locks() == []
+    assert _other_process_tries(ws) == "got"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_does_not_inherit_the_lock_record(tmp_path):
+    """A child forked while the parent holds the lock holds nothing; closing its
+    inherited descriptor does not release the parent's flock."""
+    ws = Workspace(tmp_path / "ws")
+    with case_lock(ws, "c1", timeout=1):
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                from pipeline.workspace import held_case_locks
+
+                if held_case_locks() == []:
+                    try:
+                        with case_lock(ws, "c1", timeout=0.2):
+                            code = 2  # got a lock its parent holds: wrong
+                    except VianoError as exc:
+                        code = 0 if exc.code == "LOCK_TIMEOUT" else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _other_process_tries(ws) == "LOCK_TIMEOUT"  # the parent still holds it
+    assert _other_process_tries(ws) == "got"
 
 
 def test_lock_uses_flock_not_record_locks(tmp_path):
