@@ -58,6 +58,7 @@ __all__ = [
     "DEFAULT_INLINE_FACT_VALUE",
     "GAP_CODES",
     "assemble",
+    "CaseAssembler",
     "check_reference",
 ]
 
@@ -283,13 +284,18 @@ def _claim_conflicts(block: str, statements: list[dict]) -> list[dict]:
     return conflicts
 
 
-def _completeness(declarations: list[dict], has_statements: bool, has_claim_conflict: bool) -> str:
+def _completeness(
+    declarations: list[dict], has_statements: bool, has_claim_conflict: bool, undeclared_statements: bool = False
+) -> str:
     """Expected-behaviour completeness from explicit declarations only.
 
     ``true`` and ``false`` both declared -> ``conflicting``; otherwise any
-    ``true`` -> ``reported_complete``; any ``false`` -> ``reported_partial``; no
-    declaration -> ``unspecified`` when tester statements exist, else
-    ``missing``. Decision: an explicit claim conflict inside the tester's
+    ``false`` -> ``reported_partial``; ``true`` -> ``reported_complete`` only
+    when every report that supplies expected behaviour declared it complete
+    (seed 000: "only explicit expected_behavior_complete: true is sufficient",
+    so one report's ``true`` does not cover another report's undeclared
+    expectations: that is ``unspecified``); no declaration -> ``unspecified``
+    when tester statements exist, else ``missing``. Decision: an explicit claim conflict inside the tester's
     expected behaviour (same claim key, different canonical values) also makes
     it ``conflicting`` whatever was declared — a reporter cannot call
     contradictory expectations complete, and seed 000 requires research for
@@ -298,10 +304,10 @@ def _completeness(declarations: list[dict], has_statements: bool, has_claim_conf
     values = {d["value"] for d in declarations}
     if (True in values and False in values) or has_claim_conflict:
         return "conflicting"
-    if True in values:
-        return "reported_complete"
     if False in values:
         return "reported_partial"
+    if True in values:
+        return "unspecified" if undeclared_statements else "reported_complete"
     return "unspecified" if has_statements else "missing"
 
 
@@ -450,7 +456,9 @@ def assemble(snapshot: dict) -> dict:
     observation_conflicts = _claim_conflicts("human_observations", blocks["O"])
     expected_conflicts = _claim_conflicts("expected_behavior", blocks["E"])
     tester_statements = blocks["E"]
-    completeness = _completeness(declarations, bool(tester_statements), bool(expected_conflicts))
+    declared_sources = {d["source"] for d in declarations}
+    undeclared = any(st["provenance"]["source"] not in declared_sources for st in tester_statements)
+    completeness = _completeness(declarations, bool(tester_statements), bool(expected_conflicts), undeclared)
 
     index_ref = snapshot.get("index")
     index_path = index_ref["path"] if index_ref else None
@@ -517,7 +525,12 @@ def assemble(snapshot: dict) -> dict:
         expected["status"] = "combined"
     elif external:
         expected["status"] = "external_research"
-    if any(entry["status"] == "complete" for entry in results):
+    # Seed 000: historical research stays in the case as traceable input but is
+    # never asserted current. Only a complete result for *this* request (same
+    # hash) makes expectations sufficient, and never while the tester's own
+    # expectations carry an explicit claim conflict (research cannot clear it).
+    current = case["research"]["request_hash"]
+    if not expected_conflicts and any(e["status"] == "complete" and e["request_hash"] == current for e in results):
         expected["sufficiency"] = "complete"
     case["research"]["results"] = results
 
@@ -554,6 +567,12 @@ def _unnormalized_sources(case: dict) -> list[str]:
         if seen != text and source not in flagged:
             flagged.append(source)
     return flagged
+
+
+class CaseAssembler:
+    """Seed 001's name for the pure assembler: ``CaseAssembler.assemble(snapshot)``."""
+
+    assemble = staticmethod(assemble)
 
 
 def _gap(code: str) -> dict:

@@ -598,6 +598,17 @@ class CaseBuilder:
         self.limits = limits or CaseBuilderLimits()
 
     def build(self, case_id: str, package_id: str | None = None) -> BuildResult:
+        """Build (or reuse) the case; every failure is a :class:`CaseBuildError`
+        carrying the original code, path and pointer (seed 001's API catches
+        exactly that type)."""
+        try:
+            return self._build(case_id, package_id)
+        except CaseBuildError:
+            raise
+        except VianoError as error:
+            raise CaseBuildError(error.code, error.message, path=error.path, pointer=error.pointer) from error
+
+    def _build(self, case_id: str, package_id: str | None) -> BuildResult:
         ws = self.store.workspace
         with _locked(ws, case_id):
             plan = step_validate_index(ws.root, case_id, self.limits)

@@ -147,8 +147,6 @@ def _describe(error) -> str:
         if value == r"\S":
             return "must not be blank"
         return "must be an RFC 6901 pointer (~ only as ~0 or ~1)"
-    if keyword == "const" and value == "":
-        return "must be absent or empty for EXACT_TEXT"
     if keyword == "enum":
         return "must be one of " + ", ".join(value)
     if keyword == "type":
@@ -173,9 +171,7 @@ def _cross_field_problem(request: VerificationRequest) -> str | None:
     spec = request.verification
     if spec.mode == JSON_FIELD_EQUALS and not spec.field_path.strip():
         return "/verification/field_path must not be blank for JSON_FIELD_EQUALS"
-    if spec.mode == EXACT_TEXT and spec.field_path != "":
-        return "/verification/field_path must be absent or empty for EXACT_TEXT"
-    if spec.field_path.startswith("/") and not _POINTER_RE.match(spec.field_path):
+    if spec.mode == JSON_FIELD_EQUALS and spec.field_path.startswith("/") and not _POINTER_RE.match(spec.field_path):
         return "/verification/field_path must be an RFC 6901 pointer"
     return None
 

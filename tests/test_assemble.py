@@ -799,3 +799,34 @@ def test_claim_keys_and_entity_types_differing_only_by_normalisation_are_a_gap_n
     assert len(case["entities"]) == 2  # not merged
     gaps = [g for g in case["data_quality"]["gaps"] if g["code"] == "UNNORMALIZED_KEY"]
     assert [g["source"] for g in gaps] == ["original/b.json"]
+
+
+def test_research_for_an_older_request_is_history_not_sufficiency():
+    """Seed 000: historical research is traceable input, never asserted current."""
+    old = report(title="t", expected_behavior=[{"text": "old expectation"}])
+    old_request = assemble(snapshot([("r", old, 0)]))["research"]["request"]
+    result = research_result(old_request, status="complete")
+    new = report(title="t", expected_behavior=[{"text": "old expectation"}, {"text": "a new one"}])
+    case = assemble(snapshot([("r", new, 0)], expected_research=[research_doc(old_request, result)]))
+    assert case["research"]["request_hash"] != case["research"]["results"][0]["request_hash"]
+    assert case["expected_behavior"]["sufficiency"] == "partial"
+    current = assemble(snapshot([("r", new, 0)]))["research"]["request"]
+    fresh = assemble(snapshot([("r", new, 0)], expected_research=[research_doc(current, research_result(current, status="complete"))]))
+    assert fresh["expected_behavior"]["sufficiency"] == "complete"
+
+
+def test_complete_research_never_makes_conflicting_expectations_sufficient():
+    rep = report(expected_behavior=[{"text": "a", "claim": {"key": "k", "value": 1}}, {"text": "b", "claim": {"key": "k", "value": 2}}])
+    request = assemble(snapshot([("r", rep, 0)]))["research"]["request"]
+    case = assemble(snapshot([("r", rep, 0)], expected_research=[research_doc(request, research_result(request, status="complete"))]))
+    assert case["expected_behavior"]["sufficiency"] == "partial"
+
+
+def test_one_reports_complete_declaration_does_not_cover_anothers_undeclared_expectations():
+    declared = report(expected_behavior=[{"text": "a"}], expected_behavior_complete=True)
+    undeclared = report(expected_behavior=[{"text": "b"}])
+    case = assemble(snapshot([("a", declared, 0), ("b", undeclared, 1)]))
+    assert case["expected_behavior"]["completeness"] == "unspecified"
+    assert case["research"]["request"] is not None
+    both = assemble(snapshot([("a", declared, 0), ("b", report(expected_behavior=[{"text": "b"}], expected_behavior_complete=True), 1)]))
+    assert both["expected_behavior"]["completeness"] == "reported_complete" and both["research"]["request"] is None

@@ -265,7 +265,6 @@ REJECTIONS = {
     "json-field-empty-path": encode(_spec(field_path="")),
     "json-field-blank-path": encode(_spec(field_path="  ")),
     "json-field-bad-pointer": encode(_spec(field_path="/a~2b")),
-    "exact-text-with-path": encode(exact("a", "a", verification={"field_path": "answer"})),
     "case-id-not-string": encode(_with(make(), case_id=7)),
     "null-field-path": encode(_spec(field_path=None)),
     "duplicate-key": b'{"case_id":"a","case_id":"b"' + encode(make())[1:].replace(b'"case_id": "case-1", ', b", "),

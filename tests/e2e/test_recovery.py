@@ -214,3 +214,22 @@ def test_reuse_survives_lowered_document_and_case_limits_at_a_later_revision(tmp
     finally:
         store.close()
     assert result["status"] == "reused"
+
+
+def test_case_builder_api_raises_case_build_error_for_every_failure(tmp_path):
+    """Seed 001's usage: ``except CaseBuildError as error: error.code, error.path``."""
+    from pipeline.errors import CaseBuildError
+
+    ws = _admitted(tmp_path)
+    store = CheckpointStore(Workspace(ws))
+    try:
+        try:
+            CaseBuilder(store).build("no-such-case", "pkg-1")
+        except CaseBuildError as error:
+            assert error.code == "UNKNOWN_CASE"
+        else:
+            raise AssertionError("an unknown case must fail")
+        result = CaseBuilder(store).build("c1", "pkg-1")
+        assert result["status"] == "published"
+    finally:
+        store.close()
