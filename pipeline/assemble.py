@@ -74,7 +74,7 @@ GAP_CODES: dict[str, str] = {
     "NO_REPORTS": "no bug report was supplied",
     "NO_REPRODUCTIONS": "no reproduction was supplied",
     "NO_EXPECTED_BEHAVIOR": "no expected behaviour was supplied",
-    "SUPERSEDED_INPUT": "an earlier index of this revision listed this file in a role the current index does not; it is kept as an unclassified input",
+    "SUPERSEDED_INPUT": "an earlier index of this revision listed this input but it could not be inherited (it fails its contract or the reference is unusable) and the current index does not list it; it is kept as an unclassified input",
     "UNNORMALIZED_KEY": "a claim key or entity type here equals another one after Unicode NFC normalisation but not code point for code point; they are kept apart, not merged",
 }
 

@@ -285,9 +285,20 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     package = _package(ws, case_id, package_id)
     cache = _cache(ws, case_id)
     bound = max(size, limits.document_bytes) if _reusing(cache) else limits.document_bytes
-    data = package.read_verified(path, bound, manifest=_planned(path, sha256, size))
-    document = read_document(data, contract, path=path, max_bytes=bound)
-    cache.write_json(cache.document(path, sha256, contract), document)
+    # Integrity first, always strict: bytes that differ from the manifest are
+    # never a "bad document" to drop, they are a damaged package.
+    data = package.read_verified(path, max(bound, size), manifest=_planned(path, sha256, size))
+    try:
+        if size > bound:
+            raise CaseBuildError("LIMIT_EXCEEDED", f"{size} bytes, limit {bound}", path=path)
+        record = {"document": read_document(data, contract, path=path, max_bytes=bound)}
+    except VianoError as error:
+        # Recorded, not raised: a document inherited from an earlier index may be
+        # dropped (SUPERSEDED_INPUT) by assemble; one the current index lists
+        # raises this very error there. The record is a pure function of the
+        # bytes, so caching the refusal is as sound as caching the document.
+        record = {"rejected": error.to_dict()}
+    cache.write_json(cache.document(path, sha256, contract), record)
 
 
 def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -> None:
@@ -304,11 +315,19 @@ def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -
 def _snapshot(cache: BuildCache, plan: dict) -> dict:
     """Gather the cached, verified inputs into the assembler's snapshot."""
     documents = {}
+    dropped = []
     for doc in plan["documents"]:
-        record = cache.document(doc["path"], doc["sha256"], doc["contract"])
-        if not record.exists():
+        record_path = cache.document(doc["path"], doc["sha256"], doc["contract"])
+        if not record_path.exists():
             raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"])
-        documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, "document": cache.read_json(record)}
+        record = cache.read_json(record_path)
+        if "rejected" in record:
+            if not doc.get("lenient"):
+                problem = record["rejected"]
+                raise CaseBuildError(problem["code"], problem["message"], path=problem.get("path"), pointer=problem.get("pointer"))
+            dropped.append(doc)
+            continue
+        documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, "document": record["document"]}
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             raise CaseBuildError("INTEGRITY_ERROR", "a planned file was not hashed", path=ref["path"])
@@ -316,7 +335,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
     roles = plan["roles"]
 
     def docs(role):
-        return [documents[ref["path"]] for ref in roles.get(role, [])]
+        return [documents[ref["path"]] for ref in roles.get(role, []) if ref["path"] in documents]
 
     research = []
     for result in docs("expected_research"):
@@ -338,6 +357,12 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
             if isinstance(attachment, str):
                 referenced.add(attachment)
     unclassified = [ref for ref in plan["opaque"] if ref["path"] not in referenced]
+    # Dropped inherited documents stay preserved and visible: unclassified (their
+    # bytes were verified by read_input) with a SUPERSEDED_INPUT gap each.
+    unclassified = sorted(
+        unclassified + [{k: d[k] for k in ("path", "sha256", "size")} for d in dropped], key=lambda r: r["path"]
+    )
+    superseded = list(plan.get("superseded", [])) + [d["path"] for d in dropped if d["path"] not in plan.get("superseded", [])]
 
     prior = None
     if plan["prior_case"] is not None:
@@ -362,7 +387,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
         "attachments": roles.get("attachments", []),
         "files": plan["files"],
         "unclassified": unclassified,
-        "superseded": plan.get("superseded", []),
+        "superseded": superseded,
         "prior_case": prior,
     }
 

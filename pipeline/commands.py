@@ -155,10 +155,9 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     )
     if dropped:
         _progress(
-            f"note: the returning index does not list {len(dropped)} input(s) the current index lists "
-            f"(they stay preserved, as unclassified inputs with a SUPERSEDED_INPUT gap, unless a prior "
-            f"case of an earlier revision already holds them): " + ", ".join(dropped[:5])
-            + (" ..." if len(dropped) > 5 else "")
+            f"note: {len(dropped)} input(s) listed before and not by this index are inherited "
+            f"(an inherited document that fails its contract is dropped with a SUPERSEDED_INPUT gap): "
+            + ", ".join(dropped[:5]) + (" ..." if len(dropped) > 5 else "")
         )
 
 

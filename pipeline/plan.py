@@ -7,15 +7,14 @@ the size/count limits from manifest sizes before anything is parsed, and
 derives the request hash and step id (ARCHITECTURE.md section 5). The result
 is plain JSON so it can be cached and handed to the other tasks.
 
-Inventory rule (seed 001; decided details in the README): the effective role
-inventory is the prior case's role inventory (inherited, hash-checked against
-the manifest and re-read from the immutable originals) followed by the roles
-of the *current* index (the manifest's ``artifacts.case_inputs``); a path
-counts at its first appearance. A returning index after a reopen may thus
-list only new documents. Within one revision, a newer index supersedes the
-older ones, which is how a corrected append resumes a build that failed on a
-bad document: the bad file stays preserved (unclassified) but is no longer a
-report. Every index the package has had is still listed in ``index_history``.
+Inventory rule (seed 001; decided details in the README): the prior case's
+role inventory (after a reopen; hash-checked against the manifest and re-read
+from the immutable originals), then the roles of every earlier index of this
+revision (inherited provisionally: a returning index may list only new
+documents), then the current index; a path counts at its first appearance.
+An inherited document that fails its contract is dropped with a
+SUPERSEDED_INPUT gap unless the current index lists it again, which is how a
+corrected append resumes a build that failed on a bad document.
 """
 
 from __future__ import annotations
@@ -104,6 +103,28 @@ def _index_roles(index: dict) -> list[tuple[str, str, list]]:
     return roles
 
 
+def _revision_indexes(manifests: list[dict], revision: int) -> list[str]:
+    """The indexes manifests of ``revision`` pointed to, in generation order."""
+    found: list[str] = []
+    for manifest in manifests:
+        path = manifest.get("artifacts", {}).get("case_inputs")
+        if manifest.get("analysis_revision") == revision and path and path not in found:
+            found.append(path)
+    return found
+
+
+def _usable_reference(ref, files: dict) -> bool:
+    from .workspace import check_reference
+
+    if not isinstance(ref, str) or ref not in files or is_generated(ref):
+        return False
+    try:
+        check_reference(ref)
+    except Exception:  # any refusal: an earlier index's bad entry is just not inherited
+        return False
+    return True
+
+
 def plan_from_manifests(
     *,
     manifests: list[dict],
@@ -170,6 +191,30 @@ def plan_from_manifests(
                 take(role, path, prior_path, "")
 
     current = snapshot.get("artifacts", {}).get("case_inputs")
+    # Earlier indexes of this revision: their inputs are inherited, so a
+    # returning index may list only new documents (seed 001). They are taken
+    # provisionally: read leniently, an unsafe or absent reference is skipped,
+    # and a document that fails to read is dropped with a SUPERSEDED_INPUT gap
+    # unless the current index lists it again. That keeps "corrected sources
+    # and a new index" able to resume a build that failed on a bad document.
+    provisional: set[str] = set()
+    superseded: list[str] = []
+    for index_path in _revision_indexes(manifests, revision):
+        if index_path == current:
+            continue
+        earlier = (earlier_indexes or {}).get(index_path)
+        if not isinstance(earlier, dict):
+            continue  # unreadable: it stays in index_history, its entries are not inherited
+        for role, _prefix, listed in _index_roles(earlier):
+            for ref in listed if isinstance(listed, list) else []:
+                if not _usable_reference(ref, files) or ref in role_of:
+                    if isinstance(ref, str) and ref in files and ref not in role_of and ref not in superseded:
+                        superseded.append(ref)
+                    continue
+                role_of[ref] = role
+                ordered.setdefault(role, []).append(ref)
+                provisional.add(ref)
+
     for index_path in [current] if current else []:
         index = indexes[index_path]
         for role, prefix, listed in _index_roles(index):
@@ -182,6 +227,13 @@ def plan_from_manifests(
                     )
                 seen.add(ref)
                 _check_listed(ref, files, index_path, pointer)
+                if ref in provisional:
+                    provisional.discard(ref)  # the current index vouches for it: read strictly
+                    if role_of[ref] != role:  # and its role is the current index's
+                        ordered[role_of[ref]].remove(ref)
+                        role_of[ref] = role
+                        ordered.setdefault(role, []).append(ref)
+                    continue
                 take(role, ref, index_path, pointer)
 
     # seq is the global first-appearance order (all roles of index 1, then of
@@ -192,7 +244,8 @@ def plan_from_manifests(
     seq = 0
     for path, role in role_of.items():
         if role in contracts:
-            documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq})
+            documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq,
+                              "lenient": path in provisional})
             seq += 1
     # Research results carry a sibling request.json that must be read and checked too.
     for doc in [d for d in documents if d["role"] == "expected_research"]:
@@ -205,14 +258,6 @@ def plan_from_manifests(
             documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq})
             seq += 1
 
-    superseded = []
-    for index_path, earlier in (earlier_indexes or {}).items():
-        if index_path == current or not isinstance(earlier, dict):
-            continue
-        for _, _, listed in _index_roles(earlier):
-            for ref in listed if isinstance(listed, list) else []:
-                if isinstance(ref, str) and ref in files and ref not in role_of and ref not in superseded:
-                    superseded.append(ref)
 
     structured = set(history) | {d["path"] for d in documents}
     payload = sorted(p for p in files if not is_generated(p))

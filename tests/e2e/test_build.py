@@ -175,21 +175,21 @@ def test_deleting_cache_changes_no_output(admitted):
 
 def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
     ws = admitted
-    # append before the first build: there is no prior case to inherit from,
-    # so the returning index lists everything it wants built
+    # append before the first build: the returning index lists only the new
+    # report; everything the earlier index listed is inherited
     extra = kit.make_append(
         tmp_path / "app1",
         files={"original/report-c.json": kit.report("Third", observations=[{"text": "Third look"}])},
-        index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/report-c.json"],
-                        reproductions=["original/repro.json"], database=["original/db.sql"]),
+        index=kit.index(reports=["original/report-c.json"]),
     )
     result = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
     assert result.returncode == 0, result.stderr
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     first = _case(ws)
     by_key = {(s["provenance"]["source"], s["provenance"]["pointer"]): s["id"] for s in first["human_observations"]["observations"]}
-    assert by_key[("original/report-c.json", "/observations/0")] == "O0004"
-    assert by_key[("original/repro.json", "/observations/0")] == "O0005"
+    assert by_key[("original/repro.json", "/observations/0")] == "O0004"  # earlier ids unchanged
+    assert by_key[("original/report-c.json", "/observations/0")] == "O0005"  # new ones after them
+    assert [r["path"] for r in first["database_context"]] == ["original/db.sql"]  # context inherited too
     # now the case is confirmed: append needs a reopen; after it, the returning
     # index lists only the new report and inherits the rest from the prior case
     extra2 = kit.make_append(

@@ -75,18 +75,28 @@ def test_append_crashed_before_its_manifest_can_be_retried_corrected(tmp_path):
     assert [p.name for p in kit.manifests(ws, "c1")] == ["000001.json", "000002.json"]
 
 
-def test_a_superseded_input_is_a_visible_gap_and_the_append_says_so(tmp_path):
+def test_a_returning_index_may_list_only_new_documents_and_inherits_the_rest(tmp_path):
+    """Seed 001: a returning index can add only new reports without losing old
+    statements, facts or provenance -- also within one revision."""
     ws = _admitted(tmp_path)
-    thinner = _report_append(tmp_path, "r9", [])  # lists only the new report (and the reproduction)
-    appended = kit.doit("append", "case=c1", f"source={thinner}", workspace=ws)
+    first = kit.make_append(tmp_path / "a1", files={"original/r8.json": kit.report("r8", observations=[{"text": "eight"}])},
+                            index=kit.index(reports=["original/r8.json"]))
+    second = kit.make_append(tmp_path / "a2", files={"original/r9.json": kit.report("r9", observations=[{"text": "nine"}])},
+                             index=kit.index(reports=["original/r9.json"]))
+    appended = kit.doit("append", "case=c1", f"source={first}", workspace=ws)
     assert appended.returncode == 0, appended.stderr
-    assert "does not list" in appended.stderr and "original/report-a.json" in appended.stderr
+    assert "inherited" in appended.stderr and "original/report-a.json" in appended.stderr
+    assert kit.doit("append", "case=c1", f"source={second}", workspace=ws).returncode == 0
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     case = json.loads((kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_text())
-    gaps = {(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]}
-    assert ("SUPERSEDED_INPUT", "original/report-a.json") in gaps
-    assert ("SUPERSEDED_INPUT", "original/db.sql") in gaps
-    assert "original/report-a.json" in [r["path"] for r in case["inputs"]["unclassified"]]
+    assert [r["path"] for r in case["inputs"]["reports"]] == [
+        "original/report-a.json", "original/report-b.json", "original/r8.json", "original/r9.json"]
+    assert [r["path"] for r in case["inputs"]["reproductions"]] == ["original/repro.json"]
+    assert [r["path"] for r in case["database_context"]] == ["original/db.sql"]
+    assert len(case["runtime_facts"]["facts"]) == 2
+    assert not [g for g in case["data_quality"]["gaps"] if g["code"] == "SUPERSEDED_INPUT"]
+    texts = [s["text"] for s in case["human_observations"]["observations"]]
+    assert texts[-2:] == ["eight", "nine"]
 
 
 def test_reuse_survives_lowered_limits_and_a_cleared_cache(tmp_path):
