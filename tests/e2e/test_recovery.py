@@ -243,3 +243,25 @@ def test_case_builder_api_raises_case_build_error_for_every_failure(tmp_path):
         assert result["status"] == "published"
     finally:
         store.close()
+
+
+def test_after_a_reopen_two_returning_indexes_in_a_row_lose_nothing(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    first = json.loads((kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_text())
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    for name in ("r8", "r9"):
+        extra = kit.make_append(tmp_path / name, files={f"original/{name}.json": kit.report(name, observations=[{"text": name}])},
+                                index=kit.index(reports=[f"original/{name}.json"]))
+        assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    second = json.loads((kit.package_dir(ws, "c1") / "content/case/revisions/0002/case.json").read_text())
+    assert [r["path"] for r in second["inputs"]["reports"]] == [
+        "original/report-a.json", "original/report-b.json", "original/r8.json", "original/r9.json"]
+    old_ids = {(s["provenance"]["source"], s["provenance"]["pointer"]): s["id"] for s in first["human_observations"]["observations"]}
+    for statement in second["human_observations"]["observations"]:
+        key = (statement["provenance"]["source"], statement["provenance"]["pointer"])
+        if key in old_ids:
+            assert statement["id"] == old_ids[key]
+    assert [s["id"] for s in second["human_observations"]["observations"]][-2:] == ["O0005", "O0006"]
