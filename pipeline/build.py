@@ -337,11 +337,34 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
     def docs(role):
         return [documents[ref["path"]] for ref in roles.get(role, []) if ref["path"] in documents]
 
+    lenient = {d["path"] for d in plan["documents"] if d.get("lenient")}
+    by_path = {d["path"]: d for d in plan["documents"]}
+
+    def drop(path: str) -> None:
+        if path in documents:
+            del documents[path]
+            dropped.append(by_path[path])
+
+    # An inherited document is dropped (never fatal) for anything that would
+    # stop the build: its references, and for research its request pairing.
+    for reproduction in docs("reproductions"):
+        if reproduction["path"] in lenient and not _references_resolve(reproduction["document"], plan["files"]):
+            drop(reproduction["path"])
+
     research = []
     for result in docs("expected_research"):
         sibling = result["path"].rsplit("/", 1)[0] + "/request.json" if "/" in result["path"] else "request.json"
-        request = documents.get(sibling)
-        research.append({**result, "request": request})
+        entry = {**result, "request": documents.get(sibling)}
+        if result["path"] in lenient:
+            try:
+                _check_research_pairs(plan, [entry])
+                _check_research_citations(entry)
+            except VianoError:
+                drop(result["path"])
+                if by_path.get(sibling, {}).get("role") == "research_request":
+                    drop(sibling)
+                continue
+        research.append(entry)
     _check_research_pairs(plan, research)
 
     referenced = set()
@@ -390,6 +413,32 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
         "superseded": superseded,
         "prior_case": prior,
     }
+
+
+def _references_resolve(reproduction: dict, files: dict) -> bool:
+    """Whether a reproduction's events_ref and attachments name safe, present files."""
+    from .workspace import check_reference
+
+    refs = [reproduction.get("events_ref")] if reproduction.get("events_ref") is not None else []
+    refs += list(reproduction.get("attachments") or [])
+    for ref in refs:
+        if not isinstance(ref, str) or ref not in files:
+            return False
+        try:
+            check_reference(ref)
+        except VianoError:
+            return False
+    return True
+
+
+def _check_research_citations(result: dict) -> None:
+    """Every citation index of a research result exists in its sources."""
+    document = result["document"]
+    sources = document.get("sources") or []
+    for item in document.get("statements") or []:
+        for cited in item.get("citations") or []:
+            if not isinstance(cited, int) or isinstance(cited, bool) or not 0 <= cited < len(sources):
+                raise CaseBuildError("RESEARCH_INVALID", "citation index does not exist in sources", path=result["path"])
 
 
 def _check_research_pairs(plan: dict, research: list[dict]) -> None:

@@ -89,17 +89,27 @@ def _check_listed(ref, files: dict, index_path: str, pointer: str) -> str:
     return ref
 
 
-def _index_roles(index: dict) -> list[tuple[str, str, list]]:
-    """(role, pointer prefix, listed paths) for every role of one index."""
+def _index_roles(index) -> list[tuple[str, str, list]]:
+    """(role, pointer prefix, listed paths) for every role of one index.
+
+    Total over any JSON value (a malformed index yields no roles or empty
+    ones), because earlier indexes are walked before anyone validated them."""
+    if not isinstance(index, dict):
+        return []
+
+    def listed(container, key):
+        value = container.get(key, []) if isinstance(container, dict) else []
+        return [ref for ref in value if isinstance(ref, str)] if isinstance(value, list) else []
+
     roles = [
-        ("reports", "/reports", index.get("reports", [])),
-        ("reproductions", "/reproductions", index.get("reproductions", [])),
-        ("expected_research", "/expected_research", index.get("expected_research", [])),
+        ("reports", "/reports", listed(index, "reports")),
+        ("reproductions", "/reproductions", listed(index, "reproductions")),
+        ("expected_research", "/expected_research", listed(index, "expected_research")),
     ]
     context = index.get("context", {})
     for name in CONTEXT_ROLES:
-        roles.append((f"context.{name}", f"/context/{name}", context.get(name, [])))
-    roles.append(("attachments", "/attachments", index.get("attachments", [])))
+        roles.append((f"context.{name}", f"/context/{name}", listed(context, name)))
+    roles.append(("attachments", "/attachments", listed(index, "attachments")))
     return roles
 
 
@@ -206,9 +216,16 @@ def plan_from_manifests(
         if not isinstance(earlier, dict):
             continue  # unreadable: it stays in index_history, its entries are not inherited
         for role, _prefix, listed in _index_roles(earlier):
-            for ref in listed if isinstance(listed, list) else []:
+            for ref in listed:
+                if ref in provisional and role_of[ref] != role:
+                    # A later index's explicit role for an inherited path wins,
+                    # whether or not that index is still the current one.
+                    ordered[role_of[ref]].remove(ref)
+                    role_of[ref] = role
+                    ordered.setdefault(role, []).append(ref)
+                    continue
                 if not _usable_reference(ref, files) or ref in role_of:
-                    if isinstance(ref, str) and ref in files and ref not in role_of and ref not in superseded:
+                    if ref in files and ref not in role_of and ref not in superseded:
                         superseded.append(ref)
                     continue
                 role_of[ref] = role
@@ -251,11 +268,14 @@ def plan_from_manifests(
     for doc in [d for d in documents if d["role"] == "expected_research"]:
         sibling = doc["path"].rsplit("/", 1)[0] + "/request.json" if "/" in doc["path"] else "request.json"
         if sibling not in files:
+            if doc.get("lenient"):
+                continue  # inherited: assemble drops a result without its request
             raise CaseBuildError(
                 "RESEARCH_INVALID", "research result has no sibling request.json", path=doc["path"]
             )
         if sibling not in role_of:
-            documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq})
+            documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq,
+                              "lenient": doc.get("lenient", False)})
             seq += 1
 
 
@@ -313,6 +333,8 @@ def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
         raise CaseBuildError("LIMIT_EXCEEDED", f"index is {current['size']} bytes, limit {limits.document_bytes}", path=current["path"])
     for doc in plan["documents"]:
         if doc["size"] > limits.document_bytes:
+            if doc.get("lenient"):
+                continue  # inherited: read_input refuses it and assemble drops it with a gap
             raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
         structured_bytes += doc["size"]
     prior = plan.get("prior_case")
@@ -378,8 +400,12 @@ def _read_leniently(package, path: str, manifest: dict, limits: CaseBuilderLimit
     from .errors import VianoError
     from .jsoncanon import decode_strict
 
+    from .reader import read_document
+
     try:
         data = package.read_verified(path, limits.document_bytes, manifest=manifest)
-        return decode_strict(data, max_bytes=limits.document_bytes, path=path)
+        # Held to its contract like any index: one that fails it (wrong version,
+        # wrong shapes) names nothing to inherit, exactly like an unreadable one.
+        return read_document(data, "case-inputs", path=path, max_bytes=limits.document_bytes)
     except VianoError:
         return None

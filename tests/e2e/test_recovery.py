@@ -265,3 +265,46 @@ def test_after_a_reopen_two_returning_indexes_in_a_row_lose_nothing(tmp_path):
         if key in old_ids:
             assert statement["id"] == old_ids[key]
     assert [s["id"] for s in second["human_observations"]["observations"]][-2:] == ["O0005", "O0006"]
+
+
+def _bad_start(tmp_path, index, extra_files=None):
+    files = {
+        "original/report-a.json": kit.report("Fine", observations=[{"text": "ok"}]),
+        "original/runtime.log": "x\n",
+        **(extra_files or {}),
+    }
+    source = kit.make_package(tmp_path / "src", files=files, index=index)
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode != 0
+    return ws
+
+
+def _correct(tmp_path, ws, reports):
+    fix = kit.make_append(tmp_path / "fix", files={"original/r2.json": kit.report("Fixed", observations=[{"text": "fixed"}])},
+                          index=kit.index(reports=reports + ["original/r2.json"]))
+    appended = kit.doit("append", "case=c1", f"source={fix}", workspace=ws)
+    assert appended.returncode == 0 and "Traceback" not in appended.stderr, appended.stderr
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    return json.loads((kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_text())
+
+
+def test_a_malformed_admitted_index_is_corrected_by_an_append(tmp_path):
+    index = kit.index(reports=["original/report-a.json"])
+    index["context"] = []  # wrong shape: the first build refuses it
+    ws = _bad_start(tmp_path, index)
+    case = _correct(tmp_path, ws, ["original/report-a.json"])
+    # the malformed index names nothing to inherit; the current one lists what counts
+    assert [r["path"] for r in case["inputs"]["reports"]] == ["original/report-a.json", "original/r2.json"]
+
+
+def test_an_inherited_reproduction_with_a_missing_events_file_is_dropped_with_a_gap(tmp_path):
+    repro = kit.reproduction(steps=["go"], events_ref="original/missing.log")
+    index = kit.index(reports=["original/report-a.json"], reproductions=["original/p.json"])
+    ws = _bad_start(tmp_path, index, {"original/p.json": repro})
+    case = _correct(tmp_path, ws, [])
+    assert case["reproduction"]["reproductions"] == []
+    assert ("SUPERSEDED_INPUT", "original/p.json") in {(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]}
+    assert "original/p.json" in [r["path"] for r in case["inputs"]["unclassified"]]
+    assert [r["path"] for r in case["inputs"]["reports"]] == ["original/report-a.json", "original/r2.json"]
