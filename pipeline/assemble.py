@@ -36,14 +36,13 @@ Decisions pinned here (each one is also stated where it is implemented):
 
 from __future__ import annotations
 
-import copy
 import re
 import unicodedata
 from typing import Any
 
 from . import BUILDER_VERSION
 from .errors import CaseBuildError, VianoError
-from .jsoncanon import canonical_bytes, canonical_hash, json_pointer
+from .jsoncanon import canonical_bytes, canonical_hash, json_copy, json_pointer
 from .research_request import build_research_request
 
 try:  # the workspace module owns the rule; fall back to an equivalent check
@@ -205,7 +204,7 @@ def _statement(rid: str, item: dict, kind: str, source: str, pointer: str) -> di
         out["observed_at"] = item["observed_at"]
     if "claim" in item:
         claim = item["claim"]
-        out["claim"] = {"key": claim["key"], "value": copy.deepcopy(claim["value"])}
+        out["claim"] = {"key": claim["key"], "value": json_copy(claim["value"])}
     return out
 
 
@@ -272,7 +271,7 @@ def _claim_conflicts(block: str, statements: list[dict]) -> list[dict]:
                     "key": key,
                     "values": [
                         {
-                            "value": copy.deepcopy(s["claim"]["value"]),
+                            "value": json_copy(s["claim"]["value"]),
                             "id": s["id"],
                             "source": s["provenance"]["source"],
                             "pointer": s["provenance"]["pointer"],
@@ -364,7 +363,7 @@ def _external_statements(result_doc: dict, ids: _Ids) -> tuple[list[dict], dict]
         "path": path,
         "sha256": result_doc["sha256"],
         "request_hash": document["request_hash"],
-        "provider": copy.deepcopy(document["provider"]),
+        "provider": json_copy(document["provider"]),
         "status": document["status"],
         "statement_ids": [s["id"] for s in statements],
     }
@@ -432,7 +431,7 @@ def assemble(snapshot: dict) -> dict:
                 if len(canonical_bytes(item["value"])) > limit:
                     fact["value_ref"] = {"source": source, "pointer": json_pointer(["facts", index, "value"])}
                 else:
-                    fact["value"] = copy.deepcopy(item["value"])
+                    fact["value"] = json_copy(item["value"])
                 facts.append(fact)
                 fact_ids.append(fact["id"])
             events = document.get("events_ref")
@@ -476,7 +475,7 @@ def assemble(snapshot: dict) -> dict:
             "package_id": manifest["package_id"],
             "analysis_revision": manifest["analysis_revision"],
             "package_generation": manifest["package_generation"],
-            "project": copy.deepcopy(manifest["project"]),
+            "project": json_copy(manifest["project"]),
             "request_hash": snapshot["request_hash"],
         },
         "bug": {"titles": titles, "summaries": summaries},

@@ -131,10 +131,12 @@ def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = Fals
     import msgspec
 
     prior_cases: dict[str, dict] = {}
+    prior_bytes: dict[str, bytes] = {}
 
-    def read_prior_case(ref, manifest):
+    def read_prior_case(ref, manifest, *, raw: bool = False):
+        """The decoded prior case, or with ``raw`` its verified bytes."""
         if ref["sha256"] in prior_cases:
-            return prior_cases[ref["sha256"]]
+            return prior_bytes[ref["sha256"]] if raw else prior_cases[ref["sha256"]]
         limit = bound(ref["path"], manifest, limits.case_bytes)
         if ref["size"] > limit:
             raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limit}", path=ref["path"])
@@ -154,7 +156,8 @@ def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = Fals
         ):
             raise CaseBuildError("INCOMPATIBLE_CASE", "prior case is not viano-case v1 by builder 1", path=ref["path"])
         prior_cases[ref["sha256"]] = document
-        return document
+        prior_bytes[ref["sha256"]] = data
+        return data if raw else document
 
     return read_index, read_prior_case
 
@@ -223,10 +226,12 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # generations since then added only generated outputs (excluded from
                     # the request hash), so planning that snapshot gives the same plan.
                     plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
-                if plan["prior_case"] is not None:
-                    prior = read_prior_case(plan["prior_case"], package.manifest(record.generation))
-                    _cache(ws, case_id).write_json(_cache(ws, case_id).document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"), prior)
                 cache = _cache(ws, case_id)
+                if plan["prior_case"] is not None:
+                    # Cached as the verified bytes: they are JSON already, and
+                    # re-encoding a megabytes-large case costs a rebuild tens of ms.
+                    prior = read_prior_case(plan["prior_case"], package.manifest(record.generation), raw=True)
+                    cache.write(cache.document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"), prior)
                 cache.write_json(cache.plan, plan)
                 # Kept apart from the plan: it changes with every publication, and the
                 # plan is a file_dep of assemble, which must not rerun for that.

@@ -19,6 +19,7 @@ lives here:
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import importlib
 import os
@@ -96,6 +97,11 @@ def guarded(target: str, *args, **kwargs):
     one-line TaskFailed. Taking a dotted name keeps every action picklable."""
     module_name, _, name = target.partition(":")
     function = getattr(importlib.import_module(module_name), name)
+    # The steps build hundreds of thousands of acyclic JSON objects; the cyclic
+    # collector's repeated full passes over them cost a rebuild tens of
+    # milliseconds and can free nothing. Memory stays bounded by the limits.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         function(*args, **kwargs)
     except VianoError as error:
@@ -105,6 +111,9 @@ def guarded(target: str, *args, **kwargs):
         # directory): still one line with a code, never a traceback.
         where = f" ({one_line(str(error.filename))})" if error.filename else ""
         return TaskFailed(f"IO_ERROR: {one_line(error.strerror or str(error))}{where}")
+    finally:
+        if collecting:
+            gc.enable()
     return None
 
 

@@ -38,7 +38,6 @@ Storage guarantees, and their limits:
 
 from __future__ import annotations
 
-import copy
 import errno
 import hashlib
 import os
@@ -50,7 +49,7 @@ from typing import Callable, Mapping
 
 from .errors import CaseBuildError, IntegrityError, VianoError
 from .faults import crashpoint
-from .jsoncanon import decode_strict, pretty_bytes
+from .jsoncanon import decode_strict, json_copy, pretty_bytes
 from .workspace import (
     ID_PATTERN,
     Workspace,
@@ -452,6 +451,18 @@ def _schema_check(doc: dict, label: str) -> None:
         raise
 
 
+def _decode_manifest_fast(data: bytes) -> dict | None:
+    """The manifest if the reader's fast path vouches for it (strict JSON and
+    the package-manifest Struct, see pipeline/reader.py), else None, and the
+    slow path names the exact problem. Every build loads every generation's
+    manifest, so this is on the rebuild's critical path."""
+    try:
+        from .reader import read_fast
+    except ImportError:  # pragma: no cover - contracts/ absent
+        return None
+    return read_fast(data, "package-manifest", MANIFEST_MAX_BYTES)
+
+
 def check_manifest(doc, *, label: str = "manifest", code: str = "INTEGRITY_ERROR") -> dict:
     """Return ``doc`` if it is a structurally valid viano-package v1 manifest, else raise ``code``."""
     found = _problem(doc)
@@ -523,7 +534,7 @@ class Package:
         if cached is None:
             cached = self._load(generation)
             self._cache[generation] = cached
-        return copy.deepcopy(cached)
+        return json_copy(cached)
 
     def _load(self, generation: int) -> dict:
         name = manifest_name(generation)
@@ -538,15 +549,19 @@ class Package:
             data = _read_fd(fd, MANIFEST_MAX_BYTES, label, IntegrityError)
         finally:
             os.close(fd)
-        try:
-            doc = decode_strict(data, max_bytes=MANIFEST_MAX_BYTES, path=label, error=IntegrityError)
-        except VianoError as exc:
-            raise IntegrityError(
-                "INTEGRITY_ERROR", f"stored manifest is corrupt or truncated ({exc.code}: {exc.message})", path=label,
-                pointer=exc.pointer,
-            ) from None
-        check_manifest(doc, label=label)
-        _schema_check(doc, label)
+        doc = _decode_manifest_fast(data)
+        if doc is None:
+            try:
+                doc = decode_strict(data, max_bytes=MANIFEST_MAX_BYTES, path=label, error=IntegrityError)
+            except VianoError as exc:
+                raise IntegrityError(
+                    "INTEGRITY_ERROR", f"stored manifest is corrupt or truncated ({exc.code}: {exc.message})", path=label,
+                    pointer=exc.pointer,
+                ) from None
+            check_manifest(doc, label=label)
+            _schema_check(doc, label)
+        else:
+            check_manifest(doc, label=label)
         mismatch = [
             key
             for key, want in (("package_generation", generation), ("case_id", self.case_id), ("package_id", self.package_id))
@@ -747,7 +762,7 @@ class PackageWriter:
             ) from None
         finally:
             os.close(dir_fd)
-        pkg._cache[manifest["package_generation"]] = copy.deepcopy(manifest)
+        pkg._cache[manifest["package_generation"]] = json_copy(manifest)
         return manifest
 
     # -- helpers
@@ -829,7 +844,7 @@ class PackageWriter:
             os.close(fd)
 
     def _next_manifest(self, base: dict, hashes, artifacts, analysis_revision) -> dict:
-        manifest = copy.deepcopy(base)
+        manifest = json_copy(base)
         manifest["package_generation"] = base["package_generation"] + 1
         if analysis_revision is not None:
             manifest["analysis_revision"] = analysis_revision

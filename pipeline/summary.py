@@ -117,7 +117,27 @@ def _visible_table() -> dict[int, str]:
 
 
 _VISIBLE = _visible_table()
-_PUNCTUATION = {ord(c): "\\" + c for c in string.punctuation}
+_PUNCTUATION_RE = re.compile("[" + re.escape(string.punctuation) + "]")
+
+
+def _char_class(codes) -> str:
+    """A regex character class of ``codes``, written as escaped ranges."""
+    codes = sorted(codes)
+    ranges, start = [], codes[0]
+    for previous, code in zip(codes, codes[1:] + [None]):
+        if code != previous + 1:
+            ranges.append(f"\\U{start:08x}" + (f"-\\U{previous:08x}" if previous != start else ""))
+            start = code
+    return "[" + "".join(ranges) + "]"
+
+
+# Anything visible_text would change; most supplied text has none of it, and
+# one search is several times cheaper than the substitution and translation.
+_NEEDS_VISIBLE_RE = re.compile(_char_class(set(_VISIBLE) | {ord(c) for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}))
+
+
+def _backslashed(match: re.Match) -> str:
+    return "\\" + match.group()
 
 
 def visible_text(text: str) -> str:
@@ -126,6 +146,8 @@ def visible_text(text: str) -> str:
     Line breaks become :data:`LINE_BREAK_MARKER`; control, bidi-override and
     lone-surrogate characters become ``\\xNN``/``\\uNNNN``; all else is kept.
     """
+    if _NEEDS_VISIBLE_RE.search(text) is None:
+        return text
     return _LINE_BREAK_RE.sub(LINE_BREAK_MARKER, text).translate(_VISIBLE)
 
 
@@ -151,7 +173,7 @@ def escape_inline(text: str) -> str:
     end = start + len(core)
     return (
         "".join(_whitespace_ref(c) for c in shown[:start])
-        + core.translate(_PUNCTUATION)
+        + _PUNCTUATION_RE.sub(_backslashed, core)
         + "".join(_whitespace_ref(c) for c in shown[end:])
     )
 

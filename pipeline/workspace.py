@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import fcntl
 import os
 import re
@@ -72,6 +73,7 @@ def validate_id(value: object, what: str = "id") -> str:
     return value
 
 
+@functools.lru_cache(maxsize=16384)  # every build checks every content path several times
 def _reference_problem(ref: str) -> str | None:
     if ref == "":
         return "empty reference"

@@ -215,3 +215,47 @@ _PRETTY_VALUES = st.recursive(
 def test_pretty_bytes_equals_the_stdlib_indented_form(value):
     reference = json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     assert pretty_bytes(value) == reference.encode("utf-8")
+
+
+_NO_FLOAT_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.tuples(children) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_NO_FLOAT_VALUES, JSON_VALUES))
+def test_canonical_fast_path_equals_the_stdlib_reference(value):
+    # canonical_bytes takes msgspec's sorted encoder for float-free values; the
+    # stdlib with sorted keys and compact separators is the definition.
+    try:
+        reference = json.dumps(
+            _normalise(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        ).encode("utf-8")
+    except UnicodeEncodeError:
+        with pytest.raises(UnicodeEncodeError):
+            canonical_bytes(value)
+        return
+    assert canonical_bytes(value) == reference
+
+
+def _normalise(value):
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_SAFE_INTEGER:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _normalise(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalise(v) for v in value]
+    return value
+
+
+def test_canonical_fast_path_edge_cases():
+    assert canonical_bytes({1: "a"}) == b'{"1":"a"}'  # non-str keys take the reference path
+    assert canonical_bytes(["\x7f\u2028", "\x00"]) == b'["\x7f\xe2\x80\xa8","\\u0000"]'
+    assert canonical_bytes({"b": [1e15, 1e16, 0.5]}) == b'{"b":[1000000000000000,1e+16,0.5]}'
+    assert canonical_bytes([1e300]) == b"[1e+300]"
+    with pytest.raises(UnicodeEncodeError):
+        canonical_bytes({"\ud800": 1})
+    with pytest.raises(TypeError):
+        canonical_bytes({"x": {1, 2}})
