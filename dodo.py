@@ -155,14 +155,16 @@ def task_read_input():
         return
     root, case_id, cache = context
     plan = _plan(cache)
+    inline = plan["limits"]["inline_fact_value"]
     for doc in plan["documents"]:
         # The target's name encodes content, path, contract and builder code:
         # it exists exactly when this input was read by this builder.
         yield {
             "name": doc["path"],
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
-                                   doc["path"], doc["sha256"], doc["size"], doc["contract"]])],
-            "targets": [str(cache.document(doc["path"], doc["sha256"], doc["contract"]))],
+                                   doc["path"], doc["sha256"], doc["size"], doc["contract"]],
+                         {"inline_fact_value": inline})],
+            "targets": [str(cache.input_record(doc["path"], doc["sha256"], doc["contract"], inline))],
             "uptodate": [True],
         }
 

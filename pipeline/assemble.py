@@ -59,6 +59,7 @@ __all__ = [
     "assemble",
     "CaseAssembler",
     "check_reference",
+    "document_fragment",
 ]
 
 CASE_FORMAT = "viano-case"
@@ -195,19 +196,6 @@ class _Ids:
 # --------------------------------------------------------------------------- records
 
 
-def _statement(rid: str, item: dict, kind: str, source: str, pointer: str) -> dict:
-    """A statement ``S``: text, author/observed_at/claim verbatim, provenance."""
-    out = {"id": rid, "text": item["text"], "provenance": {"kind": kind, "source": source, "pointer": pointer}}
-    if "author" in item:
-        out["author"] = item["author"]
-    if "observed_at" in item:
-        out["observed_at"] = item["observed_at"]
-    if "claim" in item:
-        claim = item["claim"]
-        out["claim"] = {"key": claim["key"], "value": json_copy(claim["value"])}
-    return out
-
-
 def _entity_id(value: Any, source: str, pointer: str) -> str:
     """Entity ids as strings: ints become decimal strings; bools and floats are refused."""
     if isinstance(value, bool):
@@ -226,19 +214,19 @@ class _Entities:
         self._by_key: dict[tuple[str, str], dict] = {}
         self._order: list[tuple[str, str]] = []
 
-    def add(self, document: dict, source: str) -> None:
-        for index, entity in enumerate(document.get("entities") or []):
-            pointer = json_pointer(["entities", index])
-            key = (entity["type"], _entity_id(entity["id"], source, json_pointer(["entities", index, "id"])))
+    def add(self, fragment_entities: list[dict], source: str) -> None:
+        """Merge one document's entities (as :func:`_fragment_entities` lists them)."""
+        for entity in fragment_entities:
+            key = (entity["type"], entity["id"])
             record = self._by_key.get(key)
             if record is None:
                 record = {"type": key[0], "id": key[1], "roles": [], "sources": []}
                 self._by_key[key] = record
                 self._order.append(key)
-            for role in entity.get("roles") or []:
+            for role in entity["roles"]:
                 if role not in record["roles"]:
                     record["roles"].append(role)
-            record["sources"].append({"source": source, "pointer": pointer})
+            record["sources"].append({"source": source, "pointer": entity["pointer"]})
 
     def result(self) -> list[dict]:
         return [self._by_key[key] for key in self._order]
@@ -370,6 +358,106 @@ def _external_statements(result_doc: dict, ids: _Ids) -> tuple[list[dict], dict]
     return statements, entry
 
 
+# --------------------------------------------------------------------------- fragments
+
+
+def _fragment_statement(item: dict, kind: str, source: str, pointer: str) -> dict:
+    """A statement as :func:`_statement` makes it, less its id."""
+    out = {"text": item["text"], "provenance": {"kind": kind, "source": source, "pointer": pointer}}
+    for field in ("author", "observed_at"):
+        if field in item:
+            out[field] = item[field]
+    if "claim" in item:
+        out["claim"] = {"key": item["claim"]["key"], "value": json_copy(item["claim"]["value"])}
+    return out
+
+
+def _fragment_entities(document: dict, source: str) -> list[dict]:
+    entities = []
+    for index, entity in enumerate(document.get("entities") or []):
+        entities.append(
+            {
+                "type": entity["type"],
+                "id": _entity_id(entity["id"], source, json_pointer(["entities", index, "id"])),
+                "roles": list(entity.get("roles") or []),
+                "pointer": json_pointer(["entities", index]),
+            }
+        )
+    return entities
+
+
+def document_fragment(role: str, source: str, document: dict, inline_fact_value: int = DEFAULT_INLINE_FACT_VALUE) -> dict:
+    """Everything the case takes from one report or reproduction, before ids.
+
+    A pure function of the document, its content path and the inline fact
+    limit, so the build derives it once per input (``read_input``) and caches
+    it: appending one report then re-derives nothing from the other inputs,
+    and an oversized fact value is measured once and never carried again.
+    :func:`assemble` gives every record its id in inventory order, exactly as
+    if it walked the documents themselves.
+    """
+    fragment: dict[str, Any] = {"role": role, "inline_fact_value": inline_fact_value}
+    if role == "report":
+        for field in ("title", "summary"):
+            if field in document:
+                fragment[field] = document[field]
+        fragment["blocks"] = [
+            [
+                ns,
+                [
+                    _fragment_statement(item, "tester_report", source, json_pointer([field, index]))
+                    for index, item in enumerate(document.get(field) or [])
+                ],
+            ]
+            for field, ns in _REPORT_BLOCKS
+        ]
+        if "expected_behavior_complete" in document:
+            fragment["declaration"] = document["expected_behavior_complete"]
+    elif role == "reproduction":
+        fragment["observations"] = [
+            _fragment_statement(item, "reproduction", source, json_pointer(["observations", index]))
+            for index, item in enumerate(document.get("observations") or [])
+        ]
+        facts = []
+        for index, item in enumerate(document.get("facts") or []):
+            pointer = json_pointer(["facts", index])
+            fact = {"name": item["name"], "provenance": {"kind": "reproduction", "source": source, "pointer": pointer}}
+            # Decision: the limit applies to the value's canonical JSON bytes; at the limit it stays inline.
+            if len(canonical_bytes(item["value"])) > inline_fact_value:
+                fact["value_ref"] = {"source": source, "pointer": json_pointer(["facts", index, "value"])}
+            else:
+                fact["value"] = json_copy(item["value"])
+            facts.append(fact)
+        fragment["facts"] = facts
+        fragment["steps"] = [{"text": text, "pointer": json_pointer(["steps", i])} for i, text in enumerate(document.get("steps") or [])]
+        fragment["events_ref"] = json_copy(document.get("events_ref"))
+        fragment["attachments"] = json_copy(list(document.get("attachments") or []))
+    else:
+        raise ValueError(f"no fragment for role {role!r}")
+    fragment["entities"] = _fragment_entities(document, source)
+    return fragment
+
+
+def _fragment_of(role: str, doc: dict, limit: int) -> dict:
+    fragment = doc.get("fragment")
+    if fragment is None:
+        return document_fragment(role, doc["path"], doc["document"], limit)
+    if fragment.get("role") != role or fragment.get("inline_fact_value") != limit:
+        raise CaseBuildError("INTEGRITY_ERROR", "a cached input fragment was made for another role or inline limit", path=doc["path"])
+    return fragment
+
+
+def _copied_statement(rid: str, fragment_statement: dict) -> dict:
+    out = {"id": rid, "text": fragment_statement["text"], "provenance": dict(fragment_statement["provenance"])}
+    for field in ("author", "observed_at"):
+        if field in fragment_statement:
+            out[field] = fragment_statement[field]
+    if "claim" in fragment_statement:
+        claim = fragment_statement["claim"]
+        out["claim"] = {"key": claim["key"], "value": json_copy(claim["value"])}
+    return out
+
+
 # --------------------------------------------------------------------------- assemble
 
 
@@ -402,52 +490,49 @@ def assemble(snapshot: dict) -> dict:
 
     # One pass in inventory order, document order inside: this is the id numbering order.
     for role, doc in inventory:
-        source, document = doc["path"], doc["document"]
+        source = doc["path"]
+        fragment = _fragment_of(role, doc, limit)
         if role == "report":
             for field, target in (("title", titles), ("summary", summaries)):
-                if field in document:
-                    target.append({"text": document[field], "provenance": {"kind": "tester_report", "source": source, "pointer": "/" + field}})
-            for field, ns in _REPORT_BLOCKS:
-                for index, item in enumerate(document.get(field) or []):
-                    pointer = json_pointer([field, index])
-                    statement = _statement(ids.get(ns, source, pointer), item, "tester_report", source, pointer)
+                if field in fragment:
+                    target.append({"text": fragment[field], "provenance": {"kind": "tester_report", "source": source, "pointer": "/" + field}})
+            for ns, statements in fragment["blocks"]:
+                for item in statements:
+                    statement = _copied_statement(ids.get(ns, source, item["provenance"]["pointer"]), item)
                     if ns == "E":
                         statement["origin"] = "tester"
                     blocks[ns].append(statement)
-            if "expected_behavior_complete" in document:
-                declarations.append({"value": document["expected_behavior_complete"], "source": source, "pointer": "/expected_behavior_complete"})
+            if "declaration" in fragment:
+                declarations.append({"value": fragment["declaration"], "source": source, "pointer": "/expected_behavior_complete"})
         else:
             observation_ids = []
-            for index, item in enumerate(document.get("observations") or []):
-                pointer = json_pointer(["observations", index])
-                statement = _statement(ids.get("O", source, pointer), item, "reproduction", source, pointer)
+            for item in fragment["observations"]:
+                statement = _copied_statement(ids.get("O", source, item["provenance"]["pointer"]), item)
                 blocks["O"].append(statement)
                 observation_ids.append(statement["id"])
             fact_ids = []
-            for index, item in enumerate(document.get("facts") or []):
-                pointer = json_pointer(["facts", index])
-                fact = {"id": ids.get("F", source, pointer), "name": item["name"], "provenance": {"kind": "reproduction", "source": source, "pointer": pointer}}
-                # Decision: the limit applies to the value's canonical JSON bytes; at the limit it stays inline.
-                if len(canonical_bytes(item["value"])) > limit:
-                    fact["value_ref"] = {"source": source, "pointer": json_pointer(["facts", index, "value"])}
+            for item in fragment["facts"]:
+                fact = {"id": ids.get("F", source, item["provenance"]["pointer"]), "name": item["name"], "provenance": dict(item["provenance"])}
+                if "value_ref" in item:
+                    fact["value_ref"] = dict(item["value_ref"])
                 else:
                     fact["value"] = json_copy(item["value"])
                 facts.append(fact)
                 fact_ids.append(fact["id"])
-            events = document.get("events_ref")
+            events = fragment["events_ref"]
             repro_records.append(
                 {
                     "source": source,
-                    "steps": [{"text": text, "pointer": json_pointer(["steps", i])} for i, text in enumerate(document.get("steps") or [])],
+                    "steps": [dict(step) for step in fragment["steps"]],
                     "observation_ids": observation_ids,
                     "fact_ids": fact_ids,
                     "events_ref": None if events is None else _resolve_ref(events, files, source, "/events_ref"),
                     "attachments": [
-                        _resolve_ref(ref, files, source, json_pointer(["attachments", i])) for i, ref in enumerate(document.get("attachments") or [])
+                        _resolve_ref(ref, files, source, json_pointer(["attachments", i])) for i, ref in enumerate(fragment["attachments"])
                     ],
                 }
             )
-        entities.add(document, source)
+        entities.add(fragment["entities"], source)
 
     # R ids follow inventory order of reproductions (append-only, hence stable).
     reproduction_list = [{"id": f"R{n:04d}", **record} for n, record in enumerate(repro_records, start=1)]

@@ -280,12 +280,19 @@ def _planned(path: str, sha256: str, size: int) -> dict:
     return {"files": {path: {"sha256": sha256, "size": size}}}
 
 
-def step_read_input(workspace_root, case_id, package_id, path, sha256, size, contract, limits=None) -> None:
+_FRAGMENT_ROLES = {"bug-report": "report", "reproduction": "reproduction"}
+
+
+def step_read_input(workspace_root, case_id, package_id, path, sha256, size, contract, limits=None, inline_fact_value=None) -> None:
     """read_input: verify one structured document against the manifest, decode
-    it strictly, validate its contract, cache the parsed value by content hash."""
+    it strictly, validate its contract, cache it by content hash: a report or
+    reproduction as its fragment (all assemble needs of it, before ids), any
+    other document as the parsed value."""
+    from .assemble import document_fragment
     from .reader import read_document
 
     limits = limits or CaseBuilderLimits()
+    inline = limits.inline_fact_value if inline_fact_value is None else inline_fact_value
     ws = _workspace(workspace_root)
     package = _package(ws, case_id, package_id)
     cache = _cache(ws, case_id)
@@ -296,14 +303,16 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     try:
         if size > bound:
             raise CaseBuildError("LIMIT_EXCEEDED", f"{size} bytes, limit {bound}", path=path)
-        record = {"document": read_document(data, contract, path=path, max_bytes=bound)}
+        document = read_document(data, contract, path=path, max_bytes=bound)
+        role = _FRAGMENT_ROLES.get(contract)
+        record = {"document": document} if role is None else {"fragment": document_fragment(role, path, document, inline)}
     except VianoError as error:
         # Recorded, not raised: a document inherited from an earlier index may be
         # dropped (SUPERSEDED_INPUT) by assemble; one the current index lists
         # raises this very error there. The record is a pure function of the
         # bytes, so caching the refusal is as sound as caching the document.
         record = {"rejected": error.to_dict()}
-    cache.write_json(cache.document(path, sha256, contract), record)
+    cache.write_json(cache.input_record(path, sha256, contract, inline), record)
 
 
 def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -> None:
@@ -322,7 +331,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
     documents = {}
     dropped = []
     for doc in plan["documents"]:
-        record_path = cache.document(doc["path"], doc["sha256"], doc["contract"])
+        record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
         if not record_path.exists():
             raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"])
         record = cache.read_json(record_path)
@@ -332,7 +341,8 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
                 raise CaseBuildError(problem["code"], problem["message"], path=problem.get("path"), pointer=problem.get("pointer"))
             dropped.append(doc)
             continue
-        documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, "document": record["document"]}
+        body = {"fragment": record["fragment"]} if "fragment" in record else {"document": record["document"]}
+        documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, **body}
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             raise CaseBuildError("INTEGRITY_ERROR", "a planned file was not hashed", path=ref["path"])
@@ -353,7 +363,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
     # An inherited document is dropped (never fatal) for anything that would
     # stop the build: its references, and for research its request pairing.
     for reproduction in docs("reproductions"):
-        if reproduction["path"] in lenient and not _references_resolve(reproduction["document"], plan["files"]):
+        if reproduction["path"] in lenient and not _references_resolve(_reproduction_refs(reproduction), plan["files"]):
             drop(reproduction["path"])
 
     research = []
@@ -378,7 +388,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
     referenced.update(ref["path"] for ref in plan["index_history"])
     referenced.update(d["path"] for d in plan["documents"])
     for reproduction in docs("reproductions"):
-        body = reproduction["document"]
+        body = _reproduction_refs(reproduction)
         if isinstance(body.get("events_ref"), str):
             referenced.add(body["events_ref"])
         for attachment in body.get("attachments", []) or []:
@@ -418,6 +428,12 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
         "superseded": superseded,
         "prior_case": prior,
     }
+
+
+def _reproduction_refs(entry: dict) -> dict:
+    """A reproduction's ``events_ref`` and ``attachments``, from its fragment or document."""
+    body = entry.get("fragment") or entry["document"]
+    return {"events_ref": body.get("events_ref"), "attachments": body.get("attachments")}
 
 
 def _references_resolve(reproduction: dict, files: dict) -> bool:
@@ -694,7 +710,8 @@ class CaseBuilder:
             if package_id is not None and package_id != plan["package_id"]:
                 raise CaseBuildError("INVALID_ARGUMENT", f"case {case_id} holds package {plan['package_id']}, not {package_id}")
             for doc in plan["documents"]:
-                step_read_input(ws.root, case_id, plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"], self.limits)
+                step_read_input(ws.root, case_id, plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"], self.limits,
+                                plan["limits"]["inline_fact_value"])
             for ref in plan["opaque"]:
                 step_hash_context(ws.root, case_id, plan["package_id"], ref["path"], ref["sha256"], ref["size"])
             step_assemble(ws.root, case_id)

@@ -59,6 +59,13 @@ class BuildCache:
         paths may hold identical bytes."""
         return self.root / "documents" / self._code / f"{sha256}.{contract}.{_path_key(path)}.json"
 
+    def input_record(self, path: str, sha256: str, contract: str, inline_fact_value: int) -> Path:
+        """Where ``read_input`` leaves one structured input: the parsed document,
+        or for reports and reproductions their fragment (see
+        :func:`pipeline.assemble.document_fragment`), which measures fact values
+        against the inline limit, so the limit is part of the name too."""
+        return self.root / "documents" / self._code / f"{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}.json"
+
     @functools.cached_property
     def _code(self) -> str:
         from .doitcli import code_version

@@ -31,7 +31,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         return rows
     cache = BuildCache(ws.cache_dir(case_id))
     for doc in plan["documents"]:
-        cached = cache.document(doc["path"], doc["sha256"], doc["contract"]).exists()
+        cached = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"]).exists()
         rows.append((f"read_input:{doc['path']}", "up to date" if cached else "would run: not read yet (new input, or the cache was cleared)"))
     for ref in plan["opaque"]:
         cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()

@@ -830,3 +830,59 @@ def test_one_reports_complete_declaration_does_not_cover_anothers_undeclared_exp
     assert case["research"]["request"] is not None
     both = assemble(snapshot([("a", declared, 0), ("b", report(expected_behavior=[{"text": "b"}], expected_behavior_complete=True), 1)]))
     assert both["expected_behavior"]["completeness"] == "reported_complete" and both["research"]["request"] is None
+
+
+# --------------------------------------------------------------------------- fragments
+
+_rich_statement_st = st.fixed_dictionaries(
+    {"text": st.text(max_size=8)},
+    optional={
+        "author": st.text(max_size=4),
+        "observed_at": st.just("2026-03-14T07:00:12+01:00"),
+        "claim": st.fixed_dictionaries({"key": st.sampled_from(["k1", "k2"]),
+                                        "value": st.one_of(st.integers(0, 2), st.text(max_size=30), st.lists(st.booleans(), max_size=2))}),
+    },
+)
+_rich_report_st = st.builds(
+    lambda title, o, e, complete, ents: report(
+        **({"title": title} if title is not None else {}), observations=o, expected_behavior=e,
+        **({"expected_behavior_complete": complete} if complete is not None else {}), entities=ents),
+    st.one_of(st.none(), st.text(max_size=5)), st.lists(_rich_statement_st, max_size=3), st.lists(_rich_statement_st, max_size=2),
+    st.one_of(st.none(), st.booleans()),
+    st.lists(st.fixed_dictionaries({"type": st.sampled_from(["component", "user"]), "id": st.sampled_from([1, "1", 2]),
+                                    "roles": st.lists(st.sampled_from(["focus", "observed"]), max_size=2)}), max_size=2),
+)
+_rich_repro_st = st.builds(
+    lambda steps, o, f, events: reproduction(steps=steps, observations=o, facts=f, **({"events_ref": events} if events else {})),
+    st.lists(st.text(max_size=5), max_size=2), st.lists(_rich_statement_st, max_size=2),
+    st.lists(st.fixed_dictionaries({"name": st.sampled_from(["x", "y"]),
+                                    "value": st.one_of(st.integers(), st.text(max_size=40), st.none())}), max_size=3),
+    st.sampled_from([None, "runtime/events.log"]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.tuples(st.just("report"), _rich_report_st), st.tuples(st.just("repro"), _rich_repro_st)), max_size=6),
+       st.integers(2, 40))
+def test_cached_fragments_assemble_exactly_like_documents(docs, limit):
+    from pipeline.assemble import document_fragment
+
+    reports = [(f"doc/{i}", d, i) for i, (role, d) in enumerate(docs) if role == "report"]
+    repros = [(f"doc/{i}", d, i) for i, (role, d) in enumerate(docs) if role == "repro"]
+    plain = snapshot(reports, repros, files=["runtime/events.log"], limit=limit)
+    cached = copy.deepcopy(plain)
+    for role, key in (("report", "reports"), ("reproduction", "reproductions")):
+        for entry in cached[key]:
+            fragment = document_fragment(role, entry["path"], entry.pop("document"), limit)
+            entry["fragment"] = json.loads(json.dumps(fragment))  # as the build cache stores it
+    assert pretty_bytes(assemble(cached)) == pretty_bytes(assemble(plain))
+
+
+def test_a_fragment_made_for_another_inline_limit_is_refused():
+    from pipeline.assemble import document_fragment
+
+    snap = snapshot(reproductions=[("doc/r", reproduction(facts=[{"name": "x", "value": "y" * 50}]), 0)], limit=100)
+    snap["reproductions"][0]["fragment"] = document_fragment("reproduction", "doc/r", snap["reproductions"][0].pop("document"), 10)
+    with pytest.raises(CaseBuildError) as caught:
+        assemble(snap)
+    assert caught.value.code == "INTEGRITY_ERROR" and caught.value.path == "doc/r"
