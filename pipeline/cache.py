@@ -103,8 +103,23 @@ class BuildCache:
     def read_json(self, path: Path):
         """Read one record we wrote ourselves (plain decoding: the strict reader's
         duplicate-key and number checks guard untrusted input, not our cache)."""
-        with open(path, "rb") as handle:
-            data = handle.read(_CACHE_RECORD_LIMIT + 1)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            # Sized from fstat: asking read() for the limit would allocate it whole.
+            size = os.fstat(fd).st_size
+            if size > _CACHE_RECORD_LIMIT:
+                raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
+            chunks = []
+            remaining = size + 1  # one more byte tells a record that grew meanwhile
+            while remaining > 0:
+                chunk = os.read(fd, remaining)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+        finally:
+            os.close(fd)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if len(data) > _CACHE_RECORD_LIMIT:
             raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
         try:

@@ -166,6 +166,8 @@ def escape_inline(text: str) -> str:
     if not isinstance(text, str):
         raise TypeError(f"escape_inline expects str, not {type(text).__name__}")
     shown = visible_text(text)
+    if shown and not shown[0].isspace() and not shown[-1].isspace():
+        return _PUNCTUATION_RE.sub(_backslashed, shown)  # the common case: nothing to strip
     core = shown.strip()
     if not core:
         return "".join(_whitespace_ref(c) for c in shown)
