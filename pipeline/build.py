@@ -334,7 +334,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
         record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
         if not record_path.exists():
             raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"])
-        record = cache.read_json(record_path)
+        record = cache.read_json_fast(record_path)
         if "rejected" in record:
             if not doc.get("lenient"):
                 problem = record["rejected"]
@@ -404,7 +404,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
 
     prior = None
     if plan["prior_case"] is not None:
-        prior = {**plan["prior_case"], "document": cache.read_json(cache.document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"))}
+        prior = {**plan["prior_case"], "document": cache.read_json_fast(cache.document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"))}
 
     return {
         "manifest": {
@@ -555,7 +555,7 @@ def step_render(workspace_root, case_id) -> None:
     if _reusing(cache):
         cache.write(cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
-    case = cache.read_json(cache.case_json)  # written by assemble, already checked against case-v1
+    case = cache.read_json_fast(cache.case_json)  # written by assemble, already checked against case-v1
     data = render_summary(case).encode("utf-8")
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
