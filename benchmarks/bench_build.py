@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Build benchmark at the default limits, measured side by side in one run.
 
-A package with 254 structured documents (199 reports, 55 reproductions; about
-7.5 MiB of JSON, one index) plus a context file of --context-mib MiB (default
+A package at the default limits once one report is appended: 254 structured
+documents (199 reports, 55 reproductions) plus the index, about 7.9 MiB of
+JSON (the limits are 256 documents and 8 MiB), plus a context file of
+--context-mib MiB (default
 1024) is admitted, then:
 
 * cold build             ``doit build`` on a fresh workspace;
@@ -82,7 +84,7 @@ def make_package(root: Path, context_mib: int) -> None:
     for i, rel in enumerate(reports):
         total += _write_json(root / rel, _report(i))
     for i, rel in enumerate(repros):
-        total += _write_json(root / rel, _reproduction(i, 19))
+        total += _write_json(root / rel, _reproduction(i, 22))
     index = {
         "format": "viano-case-inputs", "format_version": 1,
         "reports": reports, "reproductions": repros,
@@ -190,6 +192,11 @@ def main() -> None:
         print(f"ratio no-op / trivial:     {noop / trivial:.2f}  (target <= 1.3)")
         print(f"rebuild after append:      {append_time:.3f} s  (executed: {', '.join(executed)})")
         print(f"ratio append / cold:       {append_time / cold:.3f}  (target <= 0.15)")
+        # The floor under any rebuild: starting doit, loading the task graph and
+        # validate_index, i.e. the no-op rebuild. What the target leaves for the
+        # append's own work (read, assemble, render, durable publication):
+        print(f"floor no-op / cold:        {noop / cold:.3f}  (left for the append's work: {max(0.0, 0.15 * cold - noop) * 1000:.0f} ms;"
+              f" it took {(append_time - noop) * 1000:.0f} ms)")
         print(f"re-read documents:         {read}  re-hashed files: {hashed or 'none'}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
