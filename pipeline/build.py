@@ -369,7 +369,10 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
     research = []
     for result in docs("expected_research"):
         sibling = result["path"].rsplit("/", 1)[0] + "/request.json" if "/" in result["path"] else "request.json"
-        entry = {**result, "request": documents.get(sibling)}
+        request = documents.get(sibling)
+        # A sibling listed as a report or reproduction is held as a fragment:
+        # not a request (README: a request.json in another role is not read as one).
+        entry = {**result, "request": request if request is not None and "document" in request else None}
         if result["path"] in lenient:
             try:
                 _check_research_pairs(plan, [entry])

@@ -46,6 +46,7 @@ import ctypes
 import ctypes.util
 import errno
 import hashlib
+import mmap
 import os
 import re
 import secrets
@@ -298,6 +299,8 @@ class _DirSource(_Source):
         the recorded hash is the hash of the stored bytes even if the source
         changes meanwhile; and read+write (kernel copies) overlap the SHA-256
         on the other core (hashlib, readv and write all release the GIL).
+        Where the filesystem allows it the writes are direct I/O (see
+        :func:`_pipelined_copy`).
         """
         fd = self._open_file(relpath)
         try:
@@ -436,22 +439,77 @@ def _write_all(fd: int, data) -> None:
 
 
 _RING = 4  # buffers in flight in _pipelined_copy: enough to keep both cores busy
+_DIRECT_ALIGN = 4096
+"""Direct writes start and end on this boundary (from page-aligned buffers): a
+multiple of the usual logical block sizes (512, 4096). A filesystem wanting a
+coarser one refuses the write with EINVAL and the copy goes on buffered."""
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn ``O_DIRECT`` on or off for ``fd``; return whether it is on now (never where unsupported)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    import fcntl
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | flag) if on else (flags & ~flag))
+    except OSError:
+        pass  # EINVAL: this filesystem has no direct I/O
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & flag)
+
+
+def _write_out(fd: int, view: memoryview, direct: bool) -> bool:
+    """Write all of ``view``; return whether ``fd`` is still in direct mode for the next write."""
+    while view:
+        try:
+            written = os.write(fd, view)
+        except OSError as exc:
+            if not (direct and exc.errno == errno.EINVAL):
+                raise
+            # An alignment this filesystem does not take (or a short direct
+            # write left the rest unaligned): buffered from here on.
+            direct = _set_direct(fd, False)
+            if direct:
+                raise
+            continue
+        view = view[written:]
+    return direct
 
 
 def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int) -> tuple[str, int]:
+    """Copy ``in_fd`` to ``out_fd`` hashing the written buffers; return (sha256 hex, bytes).
+
+    The writes are ``O_DIRECT`` where the filesystem supports it: the bytes go
+    from the hashed buffer to the device without a page-cache copy, so the
+    vCPUs only read and hash, and no page-cache pages have to be populated
+    (on this project's VM, first-touched guest memory is slow and varies a lot
+    from run to run). On ext4 here that took a 1 GiB durable copy from
+    1.6-3 s (buffered, write-back started every 16 MiB) to ~0.7 s, on par
+    with ``hashlib.file_digest``; tmpfs accepts the flag and stays buffered.
+    A chunk whose length is not a multiple of :data:`_DIRECT_ALIGN` (the last
+    one, or a short read of a file that is being changed) turns direct mode
+    off for the rest of the file. Durability is unchanged: the caller's
+    ``fsync`` still commits the metadata and flushes the device cache.
+    """
     import queue
     import threading
 
-    buffers = [bytearray(CHUNK) for _ in range(_RING)]
+    # Anonymous maps are page-aligned, as direct I/O needs; left to the
+    # garbage collector because a traceback may still hold a view of one.
+    buffers = [mmap.mmap(-1, CHUNK) for _ in range(_RING)]
     free: queue.SimpleQueue = queue.SimpleQueue()
     ready: queue.SimpleQueue = queue.SimpleQueue()
     for index in range(_RING):
         free.put(index)
     stop = threading.Event()
+    direct = _set_direct(out_fd, True)
 
     def read_and_write() -> None:
         size = 0
         flushed = 0
+        on = direct
         try:
             while not stop.is_set():
                 index = free.get()
@@ -464,8 +522,12 @@ def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: P
                 size += n
                 if size > limit:
                     raise _source_error("LIMIT_EXCEEDED", f"file grew beyond {limit} bytes", label)
-                _write_all(out_fd, memoryview(buffers[index])[:n])
-                if size - flushed >= _WRITEBACK_EVERY:
+                if on and n % _DIRECT_ALIGN:
+                    on = _set_direct(out_fd, False)
+                on = _write_out(out_fd, memoryview(buffers[index])[:n], on)
+                if on:
+                    flushed = size  # nothing of it waits in the page cache
+                elif size - flushed >= _WRITEBACK_EVERY:
                     _start_writeback(out_fd, flushed, size - flushed)
                     flushed = size
                 ready.put((index, n))
@@ -493,6 +555,8 @@ def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: P
         stop.set()
         free.put(None)  # unblock a worker waiting for a buffer
         worker.join()
+        if direct:
+            _set_direct(out_fd, False)
     return digest.hexdigest(), size
 
 

@@ -279,3 +279,58 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert {"code": "SUPERSEDED_INPUT", "source": "original/report-b.json"}.items() <= next(
         g for g in case["data_quality"]["gaps"] if g.get("source") == "original/report-b.json").items()
     assert [r["path"] for r in case["inputs"]["index_history"]] == ["original/case-inputs.json", "inputs/2/case-inputs.json"]
+
+
+def _research_listed_as_report(tmp_path: Path) -> tuple[dict, dict]:
+    """A research result whose sibling request.json is listed as a report."""
+    import hashlib
+
+    report = kit.report("T", observations=[{"text": "x"}])
+    canonical = json.dumps(report, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    files = {
+        "original/r.json": report,
+        "original/research/request.json": canonical,
+        "original/research/result.json": {
+            "format": "viano-research-result", "format_version": 1, "provider": {"name": "t", "version": "1"},
+            "request_hash": hashlib.sha256(canonical.encode()).hexdigest(), "scope": "intended_behavior",
+            "status": "partial", "statements": [{"text": "s", "citations": [0]}],
+            "sources": [{"url": "https://e.org", "title": "S", "retrieved_at": "2026-01-01T00:00:00Z", "excerpt": "e"}],
+        },
+    }
+    index = kit.index(reports=["original/r.json", "original/research/request.json"],
+                      expected_research=["original/research/result.json"])
+    return files, index
+
+
+def test_research_request_listed_as_a_report_is_not_a_request(tmp_path):
+    # A request.json in another role is read in that role only, so the result
+    # has no request: one coded line, never a traceback (a regression once).
+    files, index = _research_listed_as_report(tmp_path)
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files=files, index=index)
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws / "cases")
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode != 0
+    assert "RESEARCH_INVALID" in result.stderr and "original/research/result.json" in result.stderr
+    assert "Traceback" not in result.stderr and "KeyError" not in result.stderr
+    assert kit.tree_digest(ws / "cases") == before  # every file and manifest byte-identical
+
+
+def test_inherited_research_whose_request_is_listed_as_a_report_is_dropped(tmp_path):
+    files, index = _research_listed_as_report(tmp_path)
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files=files, index=index)
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode != 0
+    # The correcting append lists only the report: the result is inherited, fails
+    # its pairing, and is dropped with a gap instead of stopping the build.
+    extra = kit.make_append(tmp_path / "fix", files={"original/r2.json": kit.report("U", observations=[{"text": "y"}])},
+                            index=kit.index(reports=["original/r.json", "original/r2.json"]))
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    case = _case(ws)
+    gaps = [(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]]
+    assert ("SUPERSEDED_INPUT", "original/research/result.json") in gaps
+    assert case["research"]["results"] == []
