@@ -10,8 +10,10 @@ CheckpointStore. It is all-or-nothing:
   contract), reserved paths, files the manifest names, free disk.
 * Content is then streamed in 1 MiB chunks into a private staging tree under
   ``<workspace>/.staging/``; each file is hashed while it is copied (hashing
-  and writing overlap on two threads; ``hashlib`` and ``os.write`` release the
-  GIL), so every byte is read once. CRC and length checks of ZIP members
+  overlaps reading and writing on other threads; ``hashlib``, ``os.readv``
+  and ``os.write`` release the GIL), so every byte is read once. Large files
+  of a directory source are written with direct I/O where the filesystem
+  supports it (not tmpfs). CRC and length checks of ZIP members
   happen during this copy; a failure removes the staging tree.
 * The staged tree carries a marker file ``cases/<case_id>/.admission-pending``
   (:data:`ADMISSION_MARKER`, beside ``packages/``, so never content). It is
@@ -292,15 +294,14 @@ class _DirSource(_Source):
     def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
         """Copy one large file into ``out_fd``; return (sha256 hex, bytes).
 
-        Three-stage pipeline over a small ring of private buffers: a worker
-        thread reads a chunk into a buffer and writes that buffer out, then
-        hands it to this thread, which hashes it and returns it to the ring.
-        Each chunk is hashed once, from the very buffer that was written, so
-        the recorded hash is the hash of the stored bytes even if the source
-        changes meanwhile; and read+write (kernel copies) overlap the SHA-256
-        on the other core (hashlib, readv and write all release the GIL).
-        Where the filesystem allows it the writes are direct I/O (see
-        :func:`_pipelined_copy`).
+        Pipeline over a small ring of private buffers: a worker thread
+        reads a chunk into a buffer and writes that buffer out (with direct
+        I/O a second worker writes, see :func:`_pipelined_copy`), then hands
+        it to this thread, which hashes it and returns it to the ring. Each
+        chunk is hashed once, from the very buffer that was written, so the
+        recorded hash is the hash of the stored bytes even if the source
+        changes meanwhile; and the reads and writes overlap the SHA-256 on
+        the other core (hashlib, readv and write all release the GIL).
         """
         fd = self._open_file(relpath)
         try:
@@ -438,11 +439,26 @@ def _write_all(fd: int, data) -> None:
         view = view[written:]
 
 
-_RING = 4  # buffers in flight in _pipelined_copy: enough to keep both cores busy
+_RING = 6  # buffers in flight in _pipelined_copy: one per stage and some slack
 _DIRECT_ALIGN = 4096
 """Direct writes start and end on this boundary (from page-aligned buffers): a
 multiple of the usual logical block sizes (512, 4096). A filesystem wanting a
 coarser one refuses the write with EINVAL and the copy goes on buffered."""
+
+
+def _on_tmpfs(fd: int) -> bool:
+    """True if ``fd`` lives on tmpfs (by its device number in ``/proc/self/mountinfo``)."""
+    st = os.fstat(fd)
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == dev and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0] == "tmpfs"
+    except OSError:
+        pass
+    return False
 
 
 def _set_direct(fd: int, on: bool) -> bool:
@@ -478,20 +494,47 @@ def _write_out(fd: int, view: memoryview, direct: bool) -> bool:
     return direct
 
 
+class _ChunkWriter:
+    """Writes the chunks of one file in order, in direct mode for as long as that works."""
+
+    def __init__(self, fd: int, direct: bool) -> None:
+        self.fd = fd
+        self.direct = direct
+        self.size = 0
+        self.flushed = 0
+
+    def __call__(self, view: memoryview) -> None:
+        self.size += len(view)
+        if self.direct and len(view) % _DIRECT_ALIGN:
+            self.direct = _set_direct(self.fd, False)
+        self.direct = _write_out(self.fd, view, self.direct)
+        if self.direct:
+            self.flushed = self.size  # nothing of it waits in the page cache
+        elif self.size - self.flushed >= _WRITEBACK_EVERY:
+            _start_writeback(self.fd, self.flushed, self.size - self.flushed)
+            self.flushed = self.size
+
+
 def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int) -> tuple[str, int]:
     """Copy ``in_fd`` to ``out_fd`` hashing the written buffers; return (sha256 hex, bytes).
 
+    The buffers of a small ring go round: read a chunk into one, write it
+    out, hash it here, return it to the ring; the stages work on
+    neighbouring chunks at the same time.
+
     The writes are ``O_DIRECT`` where the filesystem supports it: the bytes go
-    from the hashed buffer to the device without a page-cache copy, so the
-    vCPUs only read and hash, and no page-cache pages have to be populated
-    (on this project's VM, first-touched guest memory is slow and varies a lot
-    from run to run). On ext4 here that took a 1 GiB durable copy from
-    1.6-3 s (buffered, write-back started every 16 MiB) to ~0.7 s, on par
-    with ``hashlib.file_digest``; tmpfs accepts the flag and stays buffered.
-    A chunk whose length is not a multiple of :data:`_DIRECT_ALIGN` (the last
-    one, or a short read of a file that is being changed) turns direct mode
-    off for the rest of the file. Durability is unchanged: the caller's
-    ``fsync`` still commits the metadata and flushes the device cache.
+    from the buffer to the device without a page-cache copy, so the vCPUs
+    only read and hash while the device writes, and no page-cache pages have
+    to be populated (first-touched memory is slow on this project's VM, and
+    how slow varies a lot from run to run). A direct write mostly waits for
+    the device, so it gets a thread of its own and the next read goes on
+    meanwhile; a buffered write is a memory copy that keeps a core busy, so
+    there one thread reads and writes (a third busy thread on two cores
+    measured no faster on tmpfs). A chunk whose length is not a multiple of
+    :data:`_DIRECT_ALIGN` (the last one, or a short read of a file being
+    changed) turns direct mode off for the rest of the file. Durability is
+    unchanged: the caller's ``fsync`` still commits the metadata and flushes
+    the device cache.
     """
     import queue
     import threading
@@ -500,16 +543,19 @@ def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: P
     # garbage collector because a traceback may still hold a view of one.
     buffers = [mmap.mmap(-1, CHUNK) for _ in range(_RING)]
     free: queue.SimpleQueue = queue.SimpleQueue()
-    ready: queue.SimpleQueue = queue.SimpleQueue()
+    filled: queue.SimpleQueue = queue.SimpleQueue()
+    written: queue.SimpleQueue = queue.SimpleQueue()
     for index in range(_RING):
         free.put(index)
     stop = threading.Event()
-    direct = _set_direct(out_fd, True)
+    # tmpfs takes O_DIRECT but still copies into its pages: nothing to wait
+    # for, so no writer thread either.
+    direct = not _on_tmpfs(out_fd) and _set_direct(out_fd, True)
+    writer = _ChunkWriter(out_fd, direct)
 
-    def read_and_write() -> None:
+    def read() -> None:
+        out = filled if direct else written
         size = 0
-        flushed = 0
-        on = direct
         try:
             while not stop.is_set():
                 index = free.get()
@@ -517,30 +563,40 @@ def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: P
                     return
                 n = os.readv(in_fd, [buffers[index]])
                 if n == 0:
-                    ready.put(None)
+                    out.put(None)
                     return
                 size += n
                 if size > limit:
                     raise _source_error("LIMIT_EXCEEDED", f"file grew beyond {limit} bytes", label)
-                if on and n % _DIRECT_ALIGN:
-                    on = _set_direct(out_fd, False)
-                on = _write_out(out_fd, memoryview(buffers[index])[:n], on)
-                if on:
-                    flushed = size  # nothing of it waits in the page cache
-                elif size - flushed >= _WRITEBACK_EVERY:
-                    _start_writeback(out_fd, flushed, size - flushed)
-                    flushed = size
-                ready.put((index, n))
-        except BaseException as exc:  # handed to the hashing thread, which raises it
-            ready.put(exc)
+                if not direct:
+                    writer(memoryview(buffers[index])[:n])
+                out.put((index, n))
+        except BaseException as exc:  # passed down the line to the hashing thread, which raises it
+            out.put(exc)
 
-    worker = threading.Thread(target=read_and_write, name="viano-admit-copy", daemon=True)
-    worker.start()
+    def write() -> None:
+        try:
+            while not stop.is_set():
+                item = filled.get()
+                if item is None or isinstance(item, BaseException):
+                    written.put(item)
+                    return
+                index, n = item
+                writer(memoryview(buffers[index])[:n])
+                written.put(item)
+        except BaseException as exc:
+            written.put(exc)
+
+    workers = [threading.Thread(target=read, name="viano-admit-read", daemon=True)]
+    if direct:
+        workers.append(threading.Thread(target=write, name="viano-admit-write", daemon=True))
+    for worker in workers:
+        worker.start()
     digest = hashlib.sha256()
     size = 0
     try:
         while True:
-            item = ready.get()
+            item = written.get()
             if item is None:
                 break
             if isinstance(item, BaseException):
@@ -553,9 +609,13 @@ def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: P
                 progress(label, size, total)
     finally:
         stop.set()
-        free.put(None)  # unblock a worker waiting for a buffer
-        worker.join()
-        if direct:
+        free.put(None)  # unblock a reader waiting for a buffer
+        filled.put(None)  # and a writer waiting for a chunk
+        for worker in workers:
+            # Even after a failure: no buffer may go, and the caller may not
+            # close the descriptor, under a running read or write.
+            worker.join()
+        if writer.direct:
             _set_direct(out_fd, False)
     return digest.hexdigest(), size
 

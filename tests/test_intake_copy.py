@@ -1,0 +1,258 @@
+"""Admission's large-file copy of directory sources (pipeline.intake._pipelined_copy).
+
+Every way the copy can write -- direct I/O with its own writer thread (ext4
+and most disk filesystems), buffered (tmpfs, or no direct I/O), direct I/O
+refused mid-file -- must store the source byte for byte, record the sha256
+and size of exactly what was stored, and keep the limits and error codes,
+also for a file that shrinks or grows while it is being copied.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pipeline import intake
+from pipeline.errors import VianoError
+
+MiB = 1 << 20
+PACKAGE_ID = "copy-pkg"
+REL = "original/context/dump.bin"
+QUIET = lambda *a: None  # noqa: E731
+
+
+def _package(root: Path, data: bytes) -> Path:
+    src = root / "src"
+    (src / "original" / "context").mkdir(parents=True)
+    manifest = {
+        "format": "viano-package",
+        "format_version": 1,
+        "package_id": PACKAGE_ID,
+        "project": {"name": "copy", "version": "1"},
+        "analysis_revision": 1,
+    }
+    (src / "manifest.json").write_bytes(json.dumps(manifest).encode())
+    (src / REL).write_bytes(data)
+    return src
+
+
+def _data(size: int, seed: int = 7) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def _stored(ws: Path, case_id: str) -> Path:
+    return ws / "cases" / case_id / "packages" / PACKAGE_ID / "content" / REL
+
+
+def _tree(root: Path) -> dict:
+    state = {}
+    if not root.exists():
+        return state
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(st.st_mode) else None
+            state[str(path.relative_to(root))] = (st.st_mode, st.st_size if digest else None, digest)
+    return state
+
+
+def _assert_stored(ws: Path, case_id: str, manifest: dict, expected: bytes) -> None:
+    stored = _stored(ws, case_id).read_bytes()
+    assert stored == expected
+    assert manifest["files"][REL] == {"sha256": hashlib.sha256(expected).hexdigest(), "size": len(expected)}
+    on_disk = json.loads((ws / "cases" / case_id / "packages" / PACKAGE_ID / "manifests" / "000001.json").read_text())
+    assert on_disk["files"][REL] == manifest["files"][REL]
+    assert not (ws / ".staging").exists() or os.listdir(ws / ".staging") == []
+
+
+def _direct_io_in(directory: Path) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / "direct-probe"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        return not intake._on_tmpfs(fd) and intake._set_direct(fd, True)
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+@pytest.fixture
+def tmpfs_dir():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    path = Path(tempfile.mkdtemp(prefix="viano-test-", dir="/dev/shm"))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if not intake._on_tmpfs(fd):
+                pytest.skip("/dev/shm is not tmpfs here")
+        finally:
+            os.close(fd)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["direct", "tmpfs", "no-direct-io"])
+def mode(request, tmp_path, monkeypatch):
+    """Where the workspace is and how the copy writes; returns the workspace path.
+
+    ``direct`` is skipped where the test filesystem has no direct I/O, so it
+    never silently tests the buffered path instead.
+    """
+    calls: list[tuple[bool, bool]] = []
+    real = intake._set_direct
+
+    def spy(fd: int, on: bool) -> bool:
+        result = real(fd, on)
+        calls.append((on, result))
+        return result
+
+    if request.param == "direct":
+        if not _direct_io_in(tmp_path):
+            pytest.skip("the test directory has no direct I/O")
+        monkeypatch.setattr(intake, "_set_direct", spy)
+        yield tmp_path / "ws"
+        assert (True, True) in calls  # direct mode was really used
+    elif request.param == "tmpfs":
+        base = request.getfixturevalue("tmpfs_dir")
+        monkeypatch.setattr(intake, "_set_direct", spy)
+        yield base / "ws"
+        assert (True, True) not in calls  # tmpfs copies through its page cache anyway
+    else:
+        monkeypatch.setattr(intake, "_set_direct", lambda fd, on: False)
+        yield tmp_path / "ws"
+
+
+@pytest.mark.parametrize(
+    "size",
+    [intake.CHUNK + 1, 4 * MiB, 3 * MiB + 123, 9 * MiB + 4096],
+    ids=["1MiB+1", "4MiB", "3MiB+123", "9MiB+4096"],
+)
+def test_large_file_is_stored_byte_exact(tmp_path, mode, size):
+    data = _data(size)
+    src = _package(tmp_path, data)
+    manifest = intake.admit(mode, "c1", src, progress=QUIET)
+    _assert_stored(mode, "c1", manifest, data)
+
+
+def test_progress_reaches_the_file_size(tmp_path, mode):
+    data = _data(5 * MiB + 1)
+    src = _package(tmp_path, data)
+    calls = []
+    intake.admit(mode, "c1", src, progress=lambda *a: calls.append(a))
+    sizes = [done for path, done, total in calls if path == REL]
+    assert sizes == sorted(sizes) and sizes[-1] == len(data)
+    assert all(total == len(data) for path, _done, total in calls if path == REL)
+
+
+def _on_first_progress(action):
+    done = []
+
+    def progress(path, size, total):
+        if path == REL and not done:
+            done.append(size)
+            action()
+
+    return progress
+
+
+def test_file_shrinking_during_copy_records_what_was_stored(tmp_path, mode):
+    """Truncated after the first chunk: the reader is at most a ring ahead, so it sees the new end."""
+    data = _data(24 * MiB)
+    src = _package(tmp_path, data)
+    cut = 10 * MiB + 77  # beyond what the ring can have read ahead, and not block-aligned
+
+    def shrink():
+        os.truncate(src / REL, cut)
+
+    manifest = intake.admit(mode, "c1", src, progress=_on_first_progress(shrink))
+    _assert_stored(mode, "c1", manifest, data[:cut])
+
+
+def test_file_growing_during_copy_records_what_was_stored(tmp_path, mode):
+    data = _data(8 * MiB)
+    extra = _data(2 * MiB + 5, seed=8)
+    src = _package(tmp_path, data)
+
+    def grow():
+        with open(src / REL, "ab") as f:
+            f.write(extra)
+
+    manifest = intake.admit(mode, "c1", src, progress=_on_first_progress(grow))
+    _assert_stored(mode, "c1", manifest, data + extra)
+
+
+def test_file_growing_beyond_the_limit_during_copy_is_refused(tmp_path, mode):
+    data = _data(8 * MiB)
+    src = _package(tmp_path, data)
+    ws = mode
+    intake.admit(ws, "other", _package(tmp_path / "other", b"x" * 10), progress=QUIET)
+    before = _tree(ws)
+
+    def grow():
+        with open(src / REL, "ab") as f:
+            f.write(_data(4 * MiB, seed=9))
+
+    limits = intake.ZipLimits(max_entry_bytes=10 * MiB)
+    with pytest.raises(VianoError) as info:
+        intake.admit(ws, "c1", src, limits=limits, progress=_on_first_progress(grow))
+    assert info.value.code == "LIMIT_EXCEEDED", str(info.value)
+    assert _tree(ws) == before
+
+
+def _failing_write(monkeypatch, err: int, after: int):
+    """Make the ``after``-th and later os.write calls on a descriptor in direct mode fail with ``err``."""
+    real_write = os.write
+    seen = {"n": 0}
+
+    def write(fd, data):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & getattr(os, "O_DIRECT", 0):
+            seen["n"] += 1
+            if seen["n"] >= after:
+                raise OSError(err, os.strerror(err))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return seen
+
+
+def test_direct_io_refused_mid_file_goes_on_buffered(tmp_path, monkeypatch):
+    """EINVAL from a direct write (an alignment the filesystem does not take): the rest is written buffered."""
+    if not _direct_io_in(tmp_path):
+        pytest.skip("the test directory has no direct I/O")
+    ws = tmp_path / "ws"
+    data = _data(7 * MiB + 11)
+    src = _package(tmp_path, data)
+    seen = _failing_write(monkeypatch, errno.EINVAL, after=3)
+    manifest = intake.admit(ws, "c1", src, progress=QUIET)
+    monkeypatch.undo()
+    assert seen["n"] == 3  # refused once, then never tried again
+    _assert_stored(ws, "c1", manifest, data)
+
+
+def test_write_error_in_the_writer_thread_is_io_error_and_leaves_no_trace(tmp_path, monkeypatch):
+    if not _direct_io_in(tmp_path):
+        pytest.skip("the test directory has no direct I/O")
+    ws = tmp_path / "ws"
+    intake.admit(ws, "other", _package(tmp_path / "other", b"x" * 10), progress=QUIET)
+    src = _package(tmp_path, _data(6 * MiB))
+    before = _tree(ws)
+    seen = _failing_write(monkeypatch, errno.EIO, after=2)
+    with pytest.raises(VianoError) as info:
+        intake.admit(ws, "c1", src, progress=QUIET)
+    monkeypatch.undo()
+    assert seen["n"] == 2
+    assert info.value.code == "IO_ERROR", str(info.value)
+    assert _tree(ws) == before
