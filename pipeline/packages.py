@@ -155,6 +155,142 @@ def _hash_fd(fd: int, progress: Progress | None = None, label: str = "") -> tupl
             progress(label, size)
 
 
+DIRECT_HASH_MIN = 64 << 20
+"""Content at least this large is verified with direct reads when it is not in
+the page cache (see :func:`_hash_content`)."""
+_DIRECT_CHUNK = 4 << 20
+_DIRECT_RING = 4
+
+
+def _in_page_cache(fd: int, size: int) -> bool:
+    """Whether pages spread over the whole file can be read without I/O.
+
+    ``RWF_NOWAIT`` reads only what the page cache holds; probing sixteen
+    pages is a cheap stand-in for mincore, which Python lacks. A guess either
+    way is only slower, never wrong: both paths hash every byte.
+    """
+    flag = getattr(os, "RWF_NOWAIT", 0)
+    if not flag or not hasattr(os, "preadv"):
+        return True  # cannot tell: the plain read path is always correct
+    probe = bytearray(4096)
+    for offset in [size * k // 16 for k in range(16)] + [max(0, size - 4096)]:
+        try:
+            if os.preadv(fd, [probe], offset - offset % 4096, flag) <= 0:
+                return False
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+    return True
+
+
+def _open_direct_twin(fd: int) -> int | None:
+    """A second descriptor of the very same file, opened for direct reads, or
+    None where the filesystem has no direct I/O. Reopened through
+    ``/proc/self/fd`` (the open file itself, not its path, which could have
+    been replaced meanwhile) and checked to be the same inode."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        twin = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC | flag)
+    except OSError:
+        return None
+    first, second = os.fstat(fd), os.fstat(twin)
+    if (first.st_dev, first.st_ino) != (second.st_dev, second.st_ino):
+        os.close(twin)
+        return None
+    return twin
+
+
+def _hash_direct(twin: int, progress: Progress | None, label: str) -> tuple[str, int]:
+    """SHA-256 and size read with direct I/O: a thread reads page-aligned
+    chunks (DMA from the device, no page-cache pages to fill) while this one
+    hashes them, so the hash runs at its own speed instead of waiting for
+    each read. On this project's VM, filling page cache in fresh guest memory
+    is slow enough that a buffered read of 1 GiB just written by admission
+    (which writes with direct I/O too) took 3.2 s against ~1.3 s this way."""
+    import mmap
+    import queue
+    import threading
+
+    buffers = [mmap.mmap(-1, _DIRECT_CHUNK) for _ in range(_DIRECT_RING)]
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    filled: queue.SimpleQueue = queue.SimpleQueue()
+    for index in range(_DIRECT_RING):
+        free.put(index)
+    stop = threading.Event()
+
+    def read() -> None:
+        position = 0
+        try:
+            while not stop.is_set():
+                index = free.get()
+                if index is None:
+                    return
+                count = os.readv(twin, [buffers[index]])
+                if count == 0:
+                    filled.put(None)
+                    return
+                filled.put((index, count))
+                position += count
+                if position % 4096:
+                    # Only the end of the file gives a read that is not a whole
+                    # number of pages, and a direct read from there would start
+                    # unaligned, which some filesystems refuse (EINVAL): that
+                    # was the end.
+                    filled.put(None)
+                    return
+        except BaseException as exc:  # handed to the hashing thread, which raises it
+            filled.put(exc)
+
+    reader = threading.Thread(target=read, name="viano-verify-read", daemon=True)
+    reader.start()
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        while True:
+            item = filled.get()
+            if item is None:
+                return digest.hexdigest(), size
+            if isinstance(item, BaseException):
+                raise item
+            index, count = item
+            digest.update(memoryview(buffers[index])[:count])
+            size += count
+            free.put(index)
+            if progress is not None:
+                progress(label, size)
+    finally:
+        stop.set()
+        free.put(None)  # wake a reader waiting for a buffer
+        reader.join()
+        for buffer in buffers:
+            buffer.close()
+
+
+def _hash_content(fd: int, progress: Progress | None = None, label: str = "") -> tuple[str, int]:
+    """:func:`_hash_fd`, with direct reads for large content not in the page cache."""
+    size = os.fstat(fd).st_size
+    if size < DIRECT_HASH_MIN or _in_page_cache(fd, size):
+        return _hash_fd(fd, progress, label)
+    twin = _open_direct_twin(fd)
+    if twin is None:
+        return _hash_fd(fd, progress, label)
+    try:
+        try:
+            return _hash_direct(twin, progress, label)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+    finally:
+        os.close(twin)
+    # EINVAL: a direct read this filesystem refuses (an alignment it wants
+    # coarser); start over on the plain path.
+    os.lseek(fd, 0, os.SEEK_SET)
+    return _hash_fd(fd, progress, label)
+
+
 def _open_source(source: os.PathLike | str, label: str) -> int:
     """Open a path-valued source for streaming; it must be a regular file, not a symlink."""
     try:
@@ -611,7 +747,7 @@ class Package:
         _, entry = self._entry(relpath, manifest)
         fd = self._open_content(relpath)
         try:
-            found = _hash_fd(fd, progress, relpath)
+            found = _hash_content(fd, progress, relpath)
         finally:
             os.close(fd)
         if found != (entry["sha256"], entry["size"]):

@@ -745,3 +745,117 @@ def test_staging_package_publishes_without_a_lock(ws, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+# --------------------------------------------------------------------------- verifying large content
+
+
+def _big_file(path: Path, size: int) -> bytes:
+    data = hashlib.sha256(str(size).encode()).digest() * (size // 32 + 1)
+    data = data[:size]
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return data
+
+
+def _hash_with(path: Path, monkeypatch, *, cached: bool) -> tuple[tuple[str, int], list[str]]:
+    from pipeline import packages
+
+    used = []
+    real_direct, real_plain = packages._hash_direct, packages._hash_fd
+    monkeypatch.setattr(packages, "DIRECT_HASH_MIN", 1 << 20)
+    monkeypatch.setattr(packages, "_in_page_cache", lambda fd, size: cached)
+    monkeypatch.setattr(packages, "_hash_direct", lambda *a: (used.append("direct"), real_direct(*a))[1])
+    monkeypatch.setattr(packages, "_hash_fd", lambda *a: (used.append("plain"), real_plain(*a))[1])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return packages._hash_content(fd), used
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("size", [(1 << 20) + 1, 3 << 20, (4 << 20) * 3, (4 << 20) * 3 + 4096, 9_437_184 + 123, 5])
+def test_large_content_not_in_cache_is_hashed_with_direct_reads(tmp_path, monkeypatch, size):
+    data = _big_file(tmp_path / "big.bin", size)
+    found, used = _hash_with(tmp_path / "big.bin", monkeypatch, cached=False)
+    assert found == (hashlib.sha256(data).hexdigest(), size)
+    assert used == (["direct"] if size >= 1 << 20 else ["plain"])
+
+
+def test_large_content_in_cache_takes_the_plain_read(tmp_path, monkeypatch):
+    data = _big_file(tmp_path / "big.bin", 5 << 20)
+    found, used = _hash_with(tmp_path / "big.bin", monkeypatch, cached=True)
+    assert found == (hashlib.sha256(data).hexdigest(), len(data)) and used == ["plain"]
+
+
+def test_page_cache_probe_tells_dropped_from_read_content(tmp_path):
+    from pipeline import packages
+
+    path = tmp_path / "big.bin"
+    _big_file(path, 32 << 20)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not packages._in_page_cache(fd, 32 << 20)
+        while os.read(fd, 1 << 20):
+            pass
+        assert packages._in_page_cache(fd, 32 << 20)
+    finally:
+        os.close(fd)
+
+
+def test_direct_read_failure_is_raised_and_leaves_no_thread(tmp_path, monkeypatch):
+    import threading
+
+    _big_file(tmp_path / "big.bin", 20 << 20)
+    real_readv, calls = os.readv, {"n": 0}
+
+    def failing_readv(fd, buffers):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.EIO, "injected")
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", failing_readv)
+    with pytest.raises(OSError) as info:
+        _hash_with(tmp_path / "big.bin", monkeypatch, cached=False)
+    assert info.value.errno == errno.EIO
+    assert [t.name for t in threading.enumerate() if t.name.startswith("viano-verify")] == []
+
+
+def test_direct_read_refused_starts_over_on_the_plain_read(tmp_path, monkeypatch):
+    data = _big_file(tmp_path / "big.bin", 6 << 20)
+    real_readv, calls = os.readv, {"n": 0}
+
+    def refusing_readv(fd, buffers):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.EINVAL, "alignment")
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", refusing_readv)
+    found, used = _hash_with(tmp_path / "big.bin", monkeypatch, cached=False)
+    assert found == (hashlib.sha256(data).hexdigest(), len(data))
+    assert used == ["direct", "plain"]
+
+
+def test_tampered_large_content_fails_verification(tmp_path, monkeypatch):
+    from pipeline import packages
+
+    content = tmp_path / "pkg" / "content"
+    content.mkdir(parents=True)
+    data = _big_file(content / "dump.bin", 6 << 20)
+    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    with open(content / "dump.bin", "r+b") as handle:
+        handle.seek(5 << 20)
+        handle.write(b"!")
+        handle.flush()
+        os.fsync(handle.fileno())
+    package = Package.at(tmp_path / "pkg", "c1", "p1")
+    monkeypatch.setattr(packages, "DIRECT_HASH_MIN", 1 << 20)
+    monkeypatch.setattr(packages, "_in_page_cache", lambda fd, size: False)
+    with pytest.raises(VianoError) as info:
+        package.verify_file("dump.bin", manifest={"files": {"dump.bin": entry}})
+    assert info.value.code == "INTEGRITY_ERROR" and info.value.path == "dump.bin"
