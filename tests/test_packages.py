@@ -806,19 +806,24 @@ def test_page_cache_probe_tells_dropped_from_read_content(tmp_path):
         os.close(fd)
 
 
+def _readv_failing(monkeypatch, err: int, *, at_call: int) -> None:
+    """``os.readv`` raising ``err`` on its ``at_call``-th call only."""
+    real_readv, calls = os.readv, {"n": 0}
+
+    def readv(fd, buffers):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            raise OSError(err, "injected")
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(os, "readv", readv)
+
+
 def test_direct_read_failure_is_raised_and_leaves_no_thread(tmp_path, monkeypatch):
     import threading
 
     _big_file(tmp_path / "big.bin", 20 << 20)
-    real_readv, calls = os.readv, {"n": 0}
-
-    def failing_readv(fd, buffers):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(errno.EIO, "injected")
-        return real_readv(fd, buffers)
-
-    monkeypatch.setattr(os, "readv", failing_readv)
+    _readv_failing(monkeypatch, errno.EIO, at_call=3)
     with pytest.raises(OSError) as info:
         _hash_with(tmp_path / "big.bin", monkeypatch, cached=False)
     assert info.value.errno == errno.EIO
@@ -827,15 +832,7 @@ def test_direct_read_failure_is_raised_and_leaves_no_thread(tmp_path, monkeypatc
 
 def test_direct_read_refused_starts_over_on_the_plain_read(tmp_path, monkeypatch):
     data = _big_file(tmp_path / "big.bin", 6 << 20)
-    real_readv, calls = os.readv, {"n": 0}
-
-    def refusing_readv(fd, buffers):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError(errno.EINVAL, "alignment")
-        return real_readv(fd, buffers)
-
-    monkeypatch.setattr(os, "readv", refusing_readv)
+    _readv_failing(monkeypatch, errno.EINVAL, at_call=2)
     found, used = _hash_with(tmp_path / "big.bin", monkeypatch, cached=False)
     assert found == (hashlib.sha256(data).hexdigest(), len(data))
     assert used == ["direct", "plain"]
