@@ -59,7 +59,12 @@ class BuildCache:
         or for reports and reproductions their fragment (see
         :func:`pipeline.assemble.document_fragment`), which measures fact values
         against the inline limit, so the limit is part of the name too."""
-        return self.root / "documents" / self._code / f"{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}.json"
+        # One Path built from a string: doit's creators ask for 256 of these per run.
+        return Path(f"{self._documents}/{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}.json")
+
+    @functools.cached_property
+    def _documents(self) -> str:
+        return os.fspath(self.root / "documents" / self._code)
 
     @functools.cached_property
     def _code(self) -> str:

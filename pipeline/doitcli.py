@@ -56,9 +56,21 @@ class ContentHashChecker(FileChangedChecker):
         return state
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
 def _sha256_file(path) -> str:
+    """The file's sha256, computed once per process and file version: doit asks
+    for case.json and the plan once per task that depends on them. The key
+    holds the inode and change time, and cache files are only ever replaced
+    by rename (a new inode), so a rewritten file is hashed anew."""
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        st = os.fstat(handle.fileno())
+        key = (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        digest = _DIGESTS.get(key)
+        if digest is None:
+            digest = _DIGESTS[key] = hashlib.file_digest(handle, "sha256").hexdigest()
+        return digest
 
 
 class OneLineReporter(ConsoleReporter):
