@@ -1117,6 +1117,10 @@ def admit(
         _check_reserved(content)
         pins = _pins(doc, content)
         paths = sorted(content)
+        # Trees of admissions whose process is gone (killed, or interrupted
+        # during its own clean-up) go before this one needs the space; until
+        # now only a successful commit cleared them.
+        _remove_stale_staging(ws.staging_dir())
         _check_free_disk(ws.root, sum(content.values()), limits)
 
         staging = _Staging(ws.staging_dir(), "admit", case_id, remove_empty_root=True)

@@ -711,3 +711,26 @@ def test_fsync_failure_at_the_nth_call_is_io_error_and_leaves_no_trace(populated
     assert calls["n"] == failing_call  # the failed fsync was not retried, nothing after it ran
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert tree_state(populated) == before
+
+
+def test_an_admission_clears_staging_trees_of_dead_admissions_even_when_it_fails(tmp_path):
+    # A tree left by an admission killed after its commit, or interrupted while
+    # cleaning up, used to stay until some later admission committed.
+    ws = Workspace(tmp_path / "ws")
+    admit(ws, "first", _dir_package(tmp_path / "a"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = ws.staging_dir() / f"admit-old-{dead.pid}-{'0' * 12}"
+    (stale / "case" / "packages").mkdir(parents=True)
+    (stale / "case" / "packages" / "big.bin").write_bytes(b"x" * 4096)
+    live = ws.staging_dir() / f"admit-busy-{os.getpid()}-{'1' * 12}"  # a writer still running: kept
+    live.mkdir()
+    src = _dir_package(tmp_path / "b")
+    manifest = json.loads((src / "manifest.json").read_text())
+    manifest["files"] = [{"path": "original/a.txt", "sha256": "0" * 64}]  # a pin the bytes do not meet
+    (src / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(VianoError) as info:
+        admit(ws, "second", src)
+    assert info.value.code == "INTEGRITY_ERROR"
+    assert not stale.exists() and live.is_dir()
+    assert not ws.case_dir("second").exists()
