@@ -440,6 +440,7 @@ def _write_all(fd: int, data) -> None:
 
 
 _RING = 6  # buffers in flight in _pipelined_copy: one per stage and some slack
+_DIRECT_COPY_MIN = 8 * MiB  # a ZIP member this large is written with direct I/O (see _Copier)
 _DIRECT_ALIGN = 4096
 """Direct writes start and end on this boundary (from page-aligned buffers): a
 multiple of the usual logical block sizes (512, 4096). A filesystem wanting a
@@ -631,6 +632,67 @@ class _Copier:
 
     def copy(self, chunks, out_fd: int, label: str, total: int, progress: Progress | None) -> tuple[str, int]:
         """Write every chunk to ``out_fd``; return (sha256 hex, bytes).
+
+        A large file goes through :meth:`_copy_direct` where the destination
+        takes direct I/O (not tmpfs), for the reason given at
+        :func:`_pipelined_copy`; otherwise the chunks are written as they come.
+        """
+        if total >= _DIRECT_COPY_MIN and not _on_tmpfs(out_fd) and _set_direct(out_fd, True):
+            return self._copy_direct(chunks, out_fd, label, progress, total)
+        return self._copy_buffered(chunks, out_fd, label, total, progress)
+
+    def _copy_direct(self, chunks, out_fd: int, label: str, progress: Progress | None, total: int) -> tuple[str, int]:
+        """Gather the chunks (any sizes, as a ZIP member yields them) into two
+        page-aligned buffers and write each full one with direct I/O while
+        hashing that same buffer; the short tail goes out buffered. One write
+        at most is pending, so the buffer being filled is never being written."""
+        buffers = [mmap.mmap(-1, CHUNK) for _ in range(2)]
+        writer = _ChunkWriter(out_fd, True)
+        digest = hashlib.sha256()
+        size = 0
+        fill = 0
+        current = 0
+        pending = None
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    take = min(len(view), CHUNK - fill)
+                    buffers[current][fill:fill + take] = view[:take]
+                    fill += take
+                    view = view[take:]
+                    if fill == CHUNK:
+                        if pending is not None:
+                            pending.result()
+                        block = memoryview(buffers[current])
+                        pending = self._writer.submit(writer, block)
+                        digest.update(block)
+                        current = 1 - current
+                        fill = 0
+                size += len(chunk)
+                if progress is not None:
+                    progress(label, size, total)
+            if pending is not None:
+                pending.result()
+                pending = None
+            if fill:
+                tail = memoryview(buffers[current])[:fill]
+                writer(tail)  # not a whole number of pages: the writer goes buffered
+                digest.update(tail)
+        finally:
+            if pending is not None:
+                # Even after a failure: the buffer must not be reused, nor the
+                # descriptor closed, under a running write.
+                try:
+                    pending.result()
+                except BaseException:  # noqa: BLE001 - the first failure is the one raised
+                    pass
+            if writer.direct:
+                _set_direct(out_fd, False)
+        return digest.hexdigest(), size
+
+    def _copy_buffered(self, chunks, out_fd: int, label: str, total: int, progress: Progress | None) -> tuple[str, int]:
+        """Write every chunk to ``out_fd`` as it comes; return (sha256 hex, bytes).
 
         At most one write is pending while the producer makes the next chunk,
         so a producer alternating two buffers never overwrites a buffer that is

@@ -363,3 +363,76 @@ def test_direct_mode_is_on_while_copying_and_cleared_when_the_copy_ends(tmp_path
     assert flags_seen and all(flags_seen)
     assert (digest, size) == (hashlib.sha256(data).hexdigest(), len(data))
     assert target.read_bytes() == data
+
+
+# --------------------------------------------------------------------------- ZIP sources
+
+
+def _zip_package(root: Path, data: bytes, method: int) -> Path:
+    """The same package as a ZIP file, its large member stored or deflated."""
+    import zipfile
+
+    src = _package(root, data)
+    target = root / "pkg.zip"
+    with zipfile.ZipFile(target, "w") as archive:
+        archive.write(src / "manifest.json", "manifest.json", compress_type=zipfile.ZIP_STORED)
+        archive.write(src / REL, REL, compress_type=method, compresslevel=1 if method == zipfile.ZIP_DEFLATED else None)
+    shutil.rmtree(src)
+    return target
+
+
+@pytest.mark.parametrize("method", ["stored", "deflated"])
+@pytest.mark.parametrize("size", [intake._DIRECT_COPY_MIN + 123, intake._DIRECT_COPY_MIN + intake.CHUNK, 9 * MiB + 4096 + 7])
+def test_large_zip_member_is_stored_byte_exact(tmp_path, mode, size, method):
+    import zipfile
+
+    data = _data(size)
+    src = _zip_package(tmp_path, data, zipfile.ZIP_STORED if method == "stored" else zipfile.ZIP_DEFLATED)
+    manifest = intake.admit(mode, "c1", src, progress=QUIET)
+    _assert_stored(mode, "c1", manifest, data)
+
+
+def test_zip_member_direct_write_refused_mid_file_goes_on_buffered(tmp_path, monkeypatch):
+    import zipfile
+
+    _machine_has_direct_io(tmp_path)
+    ws = tmp_path / "ws"
+    data = _data(12 * MiB + 5)
+    src = _zip_package(tmp_path, data, zipfile.ZIP_DEFLATED)
+    seen = _failing_write(monkeypatch, errno.EINVAL, after=3)
+    manifest = intake.admit(ws, "c1", src, progress=QUIET)
+    monkeypatch.undo()
+    assert seen["n"] == 3  # refused once, then never tried again
+    _assert_stored(ws, "c1", manifest, data)
+
+
+def test_zip_member_write_error_is_io_error_and_leaves_no_trace(tmp_path, monkeypatch):
+    import zipfile
+
+    _machine_has_direct_io(tmp_path)
+    ws = tmp_path / "ws"
+    intake.admit(ws, "other", _package(tmp_path / "other", b"x" * 10), progress=QUIET)
+    src = _zip_package(tmp_path, _data(12 * MiB), zipfile.ZIP_STORED)
+    before = _tree(ws)
+    seen = _failing_write(monkeypatch, errno.EIO, after=2)
+    with pytest.raises(VianoError) as info:
+        intake.admit(ws, "c1", src, progress=QUIET)
+    monkeypatch.undo()
+    assert seen["n"] == 2
+    assert info.value.code == "IO_ERROR", str(info.value)
+    assert _tree(ws) == before
+
+
+def test_corrupt_zip_member_stops_the_direct_copy_with_its_code(tmp_path):
+    import zipfile
+
+    _machine_has_direct_io(tmp_path)
+    ws = tmp_path / "ws"
+    src = _zip_package(tmp_path, _data(12 * MiB), zipfile.ZIP_STORED)
+    raw = bytearray(src.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # inside the member's data: its CRC no longer matches
+    src.write_bytes(bytes(raw))
+    with pytest.raises(VianoError) as info:
+        intake.admit(ws, "c1", src, progress=QUIET)
+    assert info.value.code == "ZIP_CRC_MISMATCH", str(info.value)
+    assert not (ws / "cases" / "c1").exists()
