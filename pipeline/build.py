@@ -38,6 +38,24 @@ __all__ = [
 ]
 
 _HELD: dict[tuple[str, str], object] = {}
+
+# The case assemble built in this process, under the sha256 of the bytes it
+# wrote: render and publish run right after it in the same doit process, and
+# decoding megabytes of JSON back into the very same dict costs each of them
+# milliseconds. Keyed by content, so a record changed in between is decoded.
+_ASSEMBLED: dict[str, dict] = {}
+
+
+def _case_from(data: bytes) -> dict:
+    import msgspec
+
+    case = _ASSEMBLED.get(sha256_hex(data))
+    if case is not None:
+        return case
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise IntegrityError("INTEGRITY_ERROR", f"corrupt cache record: {error}", path="case.json") from None
 _CASE_BUILT_FORMAT = "viano-case-built"
 
 
@@ -110,13 +128,16 @@ def _progress(message: str) -> None:
 # ----------------------------------------------------------------- steps
 
 
-def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = False):
-    """The verified readers planning needs: an index, and a prior case.
+def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = False, cache: BuildCache | None = None):
+    """The verified readers planning needs: an index, and a prior case's view
+    (:func:`pipeline.prior.prior_case_view`).
 
     ``relaxed`` (the revision already has a confirmed case) bounds each read by
     the size the manifest records instead of the current limits: the confirmed
     case read these very bytes, and a lowered limit must not block its reuse.
     New work is held to the limits by :func:`plan.check_limits` afterwards.
+    With a ``cache``, a prior case's view is taken from it when an earlier
+    step derived it from the same bytes, and left there otherwise.
     """
     from .reader import read_document
 
@@ -128,38 +149,48 @@ def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = Fals
         data = package.read_verified(path, limit, manifest=manifest)
         return read_document(data, "case-inputs", path=path, max_bytes=limit)
 
-    import msgspec
+    views: dict[str, dict] = {}
 
-    prior_cases: dict[str, dict] = {}
-    prior_bytes: dict[str, bytes] = {}
-
-    def read_prior_case(ref, manifest, *, raw: bool = False):
-        """The decoded prior case, or with ``raw`` its verified bytes."""
-        if ref["sha256"] in prior_cases:
-            return prior_bytes[ref["sha256"]] if raw else prior_cases[ref["sha256"]]
+    def read_prior_case(ref, manifest):
+        """The prior case's view, from verified bytes or the cache."""
+        if ref["sha256"] in views:
+            return views[ref["sha256"]]
         limit = bound(ref["path"], manifest, limits.case_bytes)
         if ref["size"] > limit:
             raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limit}", path=ref["path"])
-        data = package.read_verified(ref["path"], limit, manifest=manifest)
-        # These bytes are our own publication, verified against the manifest's
-        # sha256 just now; msgspec's strict JSON parse is enough, and its speed
-        # matters because every build of a reopened revision reads it.
-        try:
-            document = msgspec.json.decode(data)
-        except msgspec.DecodeError as error:
-            raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case is not JSON: {error}", path=ref["path"]) from None
-        if (
-            not isinstance(document, dict)
-            or document.get("format") != "viano-case"
-            or document.get("format_version") != 1
-            or document.get("builder_version") != BUILDER_VERSION
-        ):
-            raise CaseBuildError("INCOMPATIBLE_CASE", "prior case is not viano-case v1 by builder 1", path=ref["path"])
-        prior_cases[ref["sha256"]] = document
-        prior_bytes[ref["sha256"]] = data
-        return data if raw else document
+        record = cache.prior_view(ref["path"], ref["sha256"]) if cache is not None else None
+        if record is not None and record.exists():
+            view = cache.read_json_fast(record)
+        else:
+            view = _prior_view_from(package.read_verified(ref["path"], limit, manifest=manifest), ref["path"])
+            if record is not None:
+                cache.write_json_fast(record, view)
+        views[ref["sha256"]] = view
+        return view
 
     return read_index, read_prior_case
+
+
+def _prior_view_from(data: bytes, path: str) -> dict:
+    """The view of a prior case's verified bytes; refuses one this builder did not write."""
+    import msgspec
+
+    from .prior import prior_case_view
+
+    # These bytes are our own publication, verified against the manifest's
+    # sha256 just now; msgspec's strict JSON parse is enough.
+    try:
+        document = msgspec.json.decode(data)
+    except msgspec.DecodeError as error:
+        raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case is not JSON: {error}", path=path) from None
+    if (
+        not isinstance(document, dict)
+        or document.get("format") != "viano-case"
+        or document.get("format_version") != 1
+        or document.get("builder_version") != BUILDER_VERSION
+    ):
+        raise CaseBuildError("INCOMPATIBLE_CASE", "prior case is not viano-case v1 by builder 1", path=path)
+    return prior_case_view(document)
 
 
 def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits | None = None) -> dict:
@@ -193,9 +224,12 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # Nothing the plan derives from changed: same builder code, same
                     # store record, byte-identical snapshot manifest (which pins every
                     # input's sha256). Re-planning would read the same immutable bytes.
-                    return cache.read_json(cache.plan)
+                    plan = cache.read_json(cache.plan)
+                    prior = plan["prior_case"]
+                    if prior is None or cache.prior_view(prior["path"], prior["sha256"]).exists():
+                        return plan
                 already_confirmed = store.confirmed(case_id, step_id_for(record.analysis_revision)) is not None
-                read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed)
+                read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed, cache=cache)
                 plan = make_plan(
                     package, record.generation, limits,
                     read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
@@ -226,12 +260,6 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # generations since then added only generated outputs (excluded from
                     # the request hash), so planning that snapshot gives the same plan.
                     plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
-                cache = _cache(ws, case_id)
-                if plan["prior_case"] is not None:
-                    # Cached as the verified bytes: they are JSON already, and
-                    # re-encoding a megabytes-large case costs a rebuild tens of ms.
-                    prior = read_prior_case(plan["prior_case"], package.manifest(record.generation), raw=True)
-                    cache.write(cache.document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"), prior)
                 cache.write_json(cache.plan, plan)
                 # Kept apart from the plan: it changes with every publication, and the
                 # plan is a file_dep of assemble, which must not rerun for that.
@@ -407,7 +435,13 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
 
     prior = None
     if plan["prior_case"] is not None:
-        prior = {**plan["prior_case"], "document": cache.read_json_fast(cache.document(plan["prior_case"]["path"], plan["prior_case"]["sha256"], "case"))}
+        # Planning left the prior case's view in the cache (its ids are all
+        # assemble takes from it); a cache cleared since then is an error of
+        # the same kind as a missing input record.
+        view = cache.prior_view(plan["prior_case"]["path"], plan["prior_case"]["sha256"])
+        if not view.exists():
+            raise CaseBuildError("INTEGRITY_ERROR", "the prior case was not read", path=plan["prior_case"]["path"])
+        prior = {**plan["prior_case"], "document": cache.read_json_fast(view)}
 
     return {
         "manifest": {
@@ -510,6 +544,8 @@ def step_assemble(workspace_root, case_id) -> None:
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
     cache.write(cache.case_json, data)
+    _ASSEMBLED.clear()
+    _ASSEMBLED[sha256_hex(data)] = case
 
 
 def _reusing(cache: BuildCache) -> bool:
@@ -558,7 +594,7 @@ def step_render(workspace_root, case_id) -> None:
     if _reusing(cache):
         cache.write(cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
-    case = cache.read_json_fast(cache.case_json)  # written by assemble, already checked against case-v1
+    case = _case_from(cache.read_bytes(cache.case_json))  # written by assemble, already checked against case-v1
     data = render_summary(case).encode("utf-8")
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
@@ -641,7 +677,23 @@ def step_publish(workspace_root, case_id) -> BuildResult:
         finally:
             store.close()
     cache.write_json(cache.published, {"request_hash": plan["request_hash"], "step_id": plan["step_id"], **result})
+    if result["status"] == "published":
+        _leave_prior_view(cache, outputs["case"], case_bytes)
     return result
+
+
+def _leave_prior_view(cache: BuildCache, path: str, case_bytes: bytes) -> None:
+    """The view the next revision's build reads of this case (pipeline.prior),
+    derived now from the dict assemble left: a reopen is how every append to a
+    confirmed case starts, and its first build would otherwise verify and
+    decode the whole case again. Only a cache record: failing to write it
+    costs that build the decode, never this one its publication."""
+    from .prior import prior_case_view
+
+    try:
+        cache.write_json_fast(cache.prior_view(path, sha256_hex(case_bytes)), prior_case_view(_case_from(case_bytes)))
+    except (OSError, VianoError):
+        pass
 
 
 def _repair_from_published(package, outputs: dict, cache: BuildCache, case_bytes: bytes, summary_bytes: bytes) -> None:

@@ -46,13 +46,9 @@ class BuildCache:
     def store_state(self) -> Path:
         return self.root / "store-state.json"
 
-    def document(self, path: str, sha256: str, contract: str) -> Path:
-        """Where the parsed document lives. The name holds everything the record
-        is a function of (content, path, contract, builder code), so "the target
-        exists" is the whole up-to-date check and doit evaluates no callable per
-        task. Keyed by path too: doit refuses two tasks with one target, and two
-        paths may hold identical bytes."""
-        return self.root / "documents" / self._code / f"{sha256}.{contract}.{_path_key(path)}.json"
+    def prior_view(self, path: str, sha256: str) -> Path:
+        """Where planning leaves a prior case's view (:mod:`pipeline.prior`)."""
+        return Path(f"{self._documents}/{sha256}.case-view.{_path_key(path)}.json")
 
     def input_record(self, path: str, sha256: str, contract: str, inline_fact_value: int) -> Path:
         """Where ``read_input`` leaves one structured input: the parsed document,
@@ -100,10 +96,21 @@ class BuildCache:
         # checker relies on to skip tasks whose inputs did not change.
         self.write(path, json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
+    def write_json_fast(self, path: Path, value) -> None:
+        """:meth:`write_json` through msgspec, for records of hundreds of
+        kilobytes that no task lists as a dependency (key order as built)."""
+        import msgspec
+
+        self.write(path, msgspec.json.encode(value))
+
     def read_json(self, path: Path):
         """Read one record we wrote ourselves (plain decoding: the strict reader's
         duplicate-key and number checks guard untrusted input, not our cache)."""
         return self._read(path, json.loads)
+
+    def read_bytes(self, path: Path) -> bytes:
+        """One record's bytes, bounded like every record read."""
+        return self._read(path, bytes)
 
     def read_json_fast(self, path: Path):
         """:meth:`read_json` through msgspec, for the records a build reads by the

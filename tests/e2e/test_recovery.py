@@ -308,3 +308,45 @@ def test_an_inherited_reproduction_with_a_missing_events_file_is_dropped_with_a_
     assert ("SUPERSEDED_INPUT", "original/p.json") in {(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]}
     assert "original/p.json" in [r["path"] for r in case["inputs"]["unclassified"]]
     assert [r["path"] for r in case["inputs"]["reports"]] == ["original/report-a.json", "original/r2.json"]
+
+
+def test_render_takes_the_cached_case_record_not_the_one_assemble_held_in_memory(tmp_path):
+    """Render reuses assemble's dict only for the very bytes assemble wrote."""
+    from pipeline import build
+
+    ws = _admitted(tmp_path)
+    build.step_validate_index(ws, "c1")
+    plan = json.loads((ws / ".cache/c1/plan.json").read_text())
+    for doc in plan["documents"]:
+        build.step_read_input(ws, "c1", plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"])
+    for ref in plan["opaque"]:
+        build.step_hash_context(ws, "c1", plan["package_id"], ref["path"], ref["sha256"], ref["size"])
+    build.step_assemble(ws, "c1")
+    cached = ws / ".cache/c1/out/case.json"
+    case = json.loads(cached.read_text())
+    case["bug"]["titles"][0]["text"] = "Changed after assembly"
+    cached.write_text(json.dumps(case, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    build.step_render(ws, "c1")
+    assert "Changed after assembly" in (ws / ".cache/c1/out/case_summary.md").read_text()
+
+
+def test_a_cleared_prior_case_view_is_read_again_from_the_published_case(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = _report_append(tmp_path, "r8", [])
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    twin = tmp_path / "twin"
+    shutil.copytree(ws, twin)
+    views = list((twin / ".cache").rglob("*.case-view.*.json"))
+    assert views, "publication leaves the view the next revision reads"
+    for view in views:
+        view.unlink()
+    # Once before planning, and once between planning and assembling.
+    assert kit.doit("validate_index", "case=c1", workspace=twin).returncode == 0
+    for view in (twin / ".cache").rglob("*.case-view.*.json"):
+        view.unlink()
+    results = [kit.doit("build", "case=c1", workspace=w) for w in (ws, twin)]
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    published = [(kit.package_dir(w, "c1") / "content/case/revisions/0002/case.json").read_bytes() for w in (ws, twin)]
+    assert published[0] == published[1]
