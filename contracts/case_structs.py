@@ -38,6 +38,7 @@ __all__ = [
     "Step",
     "Reproduction",
     "ReproductionBlock",
+    "EntitySource",
     "Entity",
     "Fact",
     "RuntimeFacts",
@@ -212,13 +213,21 @@ class ReproductionBlock(Base, kw_only=True):
     reproductions: list[Reproduction]
 
 
+class EntitySource(Base, kw_only=True):
+    """Where an entity was declared: the document's provenance kind, path and pointer."""
+
+    kind: Literal["tester_report", "reproduction"]
+    source: ContentPath
+    pointer: Pointer
+
+
 class Entity(Base, kw_only=True):
     """An explicitly typed entity with string id, merged roles and every source."""
 
     type: str
     id: str
     roles: list[str]
-    sources: Annotated[list[SourcePointer], Meta(min_length=1)]
+    sources: Annotated[list[EntitySource], Meta(min_length=1)]
 
 
 class Fact(Base, kw_only=True):
@@ -255,6 +264,7 @@ class ResearchResult(Base, kw_only=True):
     path: ContentPath
     sha256: Sha256
     request_hash: Sha256
+    request: Ref
     provider: Provider
     status: Literal["complete", "partial", "not_found"]
     statement_ids: list[ExpectedId]

@@ -214,8 +214,9 @@ class _Entities:
         self._by_key: dict[tuple[str, str], dict] = {}
         self._order: list[tuple[str, str]] = []
 
-    def add(self, fragment_entities: list[dict], source: str) -> None:
-        """Merge one document's entities (as :func:`_fragment_entities` lists them)."""
+    def add(self, fragment_entities: list[dict], source: str, kind: str) -> None:
+        """Merge one document's entities (as :func:`_fragment_entities` lists
+        them); each source keeps the provenance kind of its document."""
         for entity in fragment_entities:
             key = (entity["type"], entity["id"])
             record = self._by_key.get(key)
@@ -226,7 +227,7 @@ class _Entities:
             for role in entity["roles"]:
                 if role not in record["roles"]:
                     record["roles"].append(role)
-            record["sources"].append({"source": source, "pointer": entity["pointer"]})
+            record["sources"].append({"kind": kind, "source": source, "pointer": entity["pointer"]})
 
     def result(self) -> list[dict]:
         return [self._by_key[key] for key in self._order]
@@ -351,6 +352,9 @@ def _external_statements(result_doc: dict, ids: _Ids) -> tuple[list[dict], dict]
         "path": path,
         "sha256": result_doc["sha256"],
         "request_hash": document["request_hash"],
+        # The sibling request.json is listed in no index role: named here, it
+        # is preserved in the case with the result it answers.
+        "request": _ref(result_doc["request"]),
         "provider": json_copy(document["provider"]),
         "status": document["status"],
         "statement_ids": [s["id"] for s in statements],
@@ -532,7 +536,7 @@ def assemble(snapshot: dict) -> dict:
                     ],
                 }
             )
-        entities.add(fragment["entities"], source)
+        entities.add(fragment["entities"], source, "tester_report" if role == "report" else "reproduction")
 
     # R ids follow inventory order of reproductions (append-only, hence stable).
     reproduction_list = [{"id": f"R{n:04d}", **record} for n, record in enumerate(repro_records, start=1)]

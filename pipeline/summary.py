@@ -448,6 +448,7 @@ def _research(case: dict) -> list[str]:
         [
             _scalar(r["path"]),
             _scalar(r["sha256"]),
+            _scalar(r["request"]["path"]),
             _scalar(r["request_hash"]),
             f"{_scalar(r['provider']['name'])} {_scalar(r['provider']['version'])}",
             _scalar(r["status"]),
@@ -456,7 +457,7 @@ def _research(case: dict) -> list[str]:
         for r in research["results"]
     ]
     blocks.append(
-        _table(["Path", "SHA-256", "Request hash", "Provider", "Status", "Statement ids"], rows)
+        _table(["Path", "SHA-256", "Request", "Request hash", "Provider", "Status", "Statement ids"], rows)
         if rows
         else NONE_SUPPLIED
     )

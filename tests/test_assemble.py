@@ -354,9 +354,10 @@ def test_integer_and_string_entity_ids_merge_roles_and_sources():
     case = assemble(rich_snapshot())
     assert case["entities"] == [
         {"type": "component", "id": "42", "roles": ["focus", "observed"],
-         "sources": [{"source": "original/report.data", "pointer": "/entities/0"},
-                     {"source": "original/reproduction.data", "pointer": "/entities/0"}]},
-        {"type": "user", "id": "7", "roles": [], "sources": [{"source": "original/reproduction.data", "pointer": "/entities/1"}]},
+         "sources": [{"kind": "tester_report", "source": "original/report.data", "pointer": "/entities/0"},
+                     {"kind": "reproduction", "source": "original/reproduction.data", "pointer": "/entities/0"}]},
+        {"type": "user", "id": "7", "roles": [],
+         "sources": [{"kind": "reproduction", "source": "original/reproduction.data", "pointer": "/entities/1"}]},
     ]
 
 
@@ -627,8 +628,10 @@ def test_research_results_are_appended_with_stable_e_ids_and_citations():
     assert case["research"]["request"] == request and case["research"]["request_hash"] == before["research"]["request_hash"]
     assert case["research"]["results"] == [{
         "path": enriched["expected_research"][0]["path"], "sha256": enriched["expected_research"][0]["sha256"],
-        "request_hash": canonical_hash(request), "provider": {"name": "test", "version": "1"},
-        "status": "partial", "statement_ids": ["E0002", "E0003"]}]
+        "request_hash": canonical_hash(request),
+        "request": {k: enriched["expected_research"][0]["request"][k] for k in ("path", "sha256", "size")},
+        "provider": {"name": "test", "version": "1"}, "status": "partial", "statement_ids": ["E0002", "E0003"]}]
+    assert case["research"]["results"][0]["request"]["path"].endswith("/request.json")
     assert case["inputs"]["expected_research"] == [{k: enriched["expected_research"][0][k] for k in ("path", "sha256", "size")}]
     docs = documents(enriched)
     for s in ext:

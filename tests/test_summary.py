@@ -350,7 +350,8 @@ def full_case(t=lambda s: s) -> dict:
         },
         "entities": [
             {"type": t("component"), "id": t("42"), "roles": [t("affected"), t("ui")],
-             "sources": [{"source": rep, "pointer": t("/entities/0")}, {"source": repro, "pointer": t("/entities/1")}]}
+             "sources": [{"kind": "tester_report", "source": rep, "pointer": t("/entities/0")},
+                         {"kind": "reproduction", "source": repro, "pointer": t("/entities/1")}]}
         ],
         "runtime_facts": {
             "facts": [
@@ -374,6 +375,7 @@ def full_case(t=lambda s: s) -> dict:
             "request_hash": t("ef" * 32),
             "results": [
                 {"path": t("research/aa/result.json"), "sha256": t("12" * 32), "request_hash": t("ef" * 32),
+                 "request": _ref(t("research/aa/request.json")),
                  "provider": {"name": t("prov"), "version": t("2")}, "status": "partial",
                  "statement_ids": [t("E0002"), t("E0003")]}
             ],
@@ -511,7 +513,8 @@ def test_full_case_structure_and_content():
         "| NO\\_REPRODUCTIONS | no reproductions | reports\\/r1\\.json |",
         "| MISSING\\_INDEX | no index | \u2014 |",
         "| misc\\/unknown\\.bin | " + "ab" * 32 + " | 10 |",
-        "| research\\/aa\\/result\\.json | " + "12" * 32 + " | " + "ef" * 32 + " | prov 2 | partial | E0002, E0003 |",
+        "| research\\/aa\\/result\\.json | " + "12" * 32 + " | research\\/aa\\/request\\.json | " + "ef" * 32
+        + " | prov 2 | partial | E0002, E0003 |",
     ]:
         assert needle in text, needle
 

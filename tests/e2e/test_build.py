@@ -128,8 +128,8 @@ def test_case_content_rules(admitted):
     assert {v["id"] for v in conflicts[0]["values"]} == {"O0001", "O0003"}  # the comment's claim never counts
     assert case["entities"] == [{
         "type": "component", "id": "42", "roles": ["focus", "mentioned"],
-        "sources": [{"source": "original/report-a.json", "pointer": "/entities/0"},
-                    {"source": "original/report-b.json", "pointer": "/entities/0"}],
+        "sources": [{"kind": "tester_report", "source": "original/report-a.json", "pointer": "/entities/0"},
+                    {"kind": "tester_report", "source": "original/report-b.json", "pointer": "/entities/0"}],
     }]
     facts = case["runtime_facts"]["facts"]
     assert facts[0]["value"] == "1.2.3" and "value_ref" not in facts[0]
@@ -334,3 +334,37 @@ def test_inherited_research_whose_request_is_listed_as_a_report_is_dropped(tmp_p
     gaps = [(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]]
     assert ("SUPERSEDED_INPUT", "original/research/result.json") in gaps
     assert case["research"]["results"] == []
+
+
+def test_a_research_result_names_its_request_file_in_the_case(tmp_path):
+    """request.json is listed in no index role; the case still names it, with
+    the result it answers, and the summary shows its path."""
+    import hashlib
+
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T", observations=[{"text": "x"}])},
+                              index=kit.index(reports=["original/r.json"]))
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    request = _case(ws)["research"]["request"]
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    request_hash = hashlib.sha256(canonical).hexdigest()
+    folder = f"research/{request_hash}"
+    result = {
+        "format": "viano-research-result", "format_version": 1, "provider": {"name": "t", "version": "1"},
+        "request_hash": request_hash, "scope": "intended_behavior", "status": "complete",
+        "statements": [{"text": "The switch turns on", "citations": [0]}],
+        "sources": [{"url": "https://e.org", "title": "S", "retrieved_at": "2026-01-01T00:00:00Z", "excerpt": "on"}],
+    }
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=research", workspace=ws).returncode == 0
+    extra = kit.make_append(tmp_path / "research", files={f"{folder}/request.json": canonical, f"{folder}/result.json": result},
+                            index=kit.index(reports=["original/r.json"], expected_research=[f"{folder}/result.json"]))
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    case = _case(ws, revision=2)
+    [entry] = case["research"]["results"]
+    assert entry["request"] == {"path": f"{folder}/request.json", "sha256": request_hash, "size": len(canonical)}
+    assert entry["request_hash"] == request_hash
+    summary = (kit.package_dir(ws, "c1") / "content/case/revisions/0002/case_summary.md").read_text(encoding="utf-8")
+    assert "request\\.json" in summary
