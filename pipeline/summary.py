@@ -117,7 +117,8 @@ def _visible_table() -> dict[int, str]:
 
 
 _VISIBLE = _visible_table()
-_PUNCTUATION_RE = re.compile("[" + re.escape(string.punctuation) + "]")
+# A run of @ is matched whole: it becomes one code span (see _backslashed).
+_PUNCTUATION_RE = re.compile("@+|[" + re.escape(string.punctuation.replace("@", "")) + "]")
 
 
 def _char_class(codes) -> str:
@@ -137,7 +138,12 @@ _NEEDS_VISIBLE_RE = re.compile(_char_class(set(_VISIBLE) | {ord(c) for c in "\n\
 
 
 def _backslashed(match: re.Match) -> str:
-    return "\\" + match.group()
+    found = match.group()
+    # GitHub links e-mail addresses after unescaping, in any text: a\@b\.c and
+    # a&#64;b.c both become mailto links. A code span keeps the @ out of the
+    # text it scans and shows the same characters; a run of them is one span,
+    # since two spans side by side would read as one with a longer fence.
+    return f"`{found}`" if found[0] == "@" else "\\" + found
 
 
 def visible_text(text: str) -> str:
@@ -161,7 +167,10 @@ def escape_inline(text: str) -> str:
 
     The result is one paragraph or table cell whose rendered text is
     ``visible_text(text)``: no HTML, link, image, autolink, emphasis, code,
-    heading, list, quote or footnote can arise from it.
+    heading, list, quote or footnote can arise from it, and no code either
+    but one kind: every ASCII punctuation character is backslash-escaped,
+    except ``@``, of which each run becomes a code span, because GitHub's
+    e-mail autolinking runs on the unescaped text (see ``_backslashed``).
     """
     if not isinstance(text, str):
         raise TypeError(f"escape_inline expects str, not {type(text).__name__}")
