@@ -42,6 +42,17 @@ def _required(value, name: str) -> str:
     return str(value)
 
 
+def _required_text(value, name: str) -> str:
+    """A required variable that is recorded as text (JSON, the store): bytes
+    that are not UTF-8 arrive from the command line as lone surrogates."""
+    text = _required(value, name)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise VianoError("INVALID_ARGUMENT", f"{name}= is not valid UTF-8 text") from None
+    return text
+
+
 def _context(case_var, workspace_var):
     from .workspace import Workspace, validate_id
 
@@ -223,10 +234,10 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     from .plan import step_id_for
 
     case_id, ws = _context(case, workspace)
-    source = _required(by, "by")
+    source = _required_text(by, "by")
     if not OPERATOR_SOURCE_RE.match(source):
         raise VianoError("INVALID_ARGUMENT", "by= must be human:NAME, agent:SESSION[:parent=CASE] or system:ORIGIN")
-    text = _required(reason, "reason")
+    text = _required_text(reason, "reason")
     if len(text) > _REASON_LIMIT:
         raise VianoError("INVALID_ARGUMENT", f"reason is longer than {_REASON_LIMIT} characters")
     store = _existing_store(ws, case_id)

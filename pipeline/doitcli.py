@@ -121,8 +121,7 @@ def guarded(target: str, *args, **kwargs):
     except OSError as error:
         # The environment failed (disk full, permissions, a path that is not a
         # directory): still one line with a code, never a traceback.
-        where = f" ({one_line(str(error.filename))})" if error.filename else ""
-        return TaskFailed(f"IO_ERROR: {one_line(error.strerror or str(error))}{where}")
+        return TaskFailed(io_error_line(error))
     finally:
         if collecting:
             gc.enable()
@@ -176,17 +175,60 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         return config  # unknown case: the action reports UNKNOWN_CASE, nothing is created
     from .build import hold_case_lock
 
+    # Before doit starts, so any failure here is ours to report: one coded
+    # line and doit's own exit status for a failed run, never a traceback.
     try:
         hold_case_lock(ws, case_id)
+        cache_dir = ws.cache_dir(case_id)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        dep_file = cache_dir / "doit.sqlite3"
+        _discard_if_corrupt(dep_file)
     except VianoError as error:
         sys.stderr.write(str(error) + "\n")
         raise SystemExit(3)
-    cache_dir = ws.cache_dir(case_id)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    dep_file = cache_dir / "doit.sqlite3"
-    _discard_if_corrupt(dep_file)
+    except OSError as error:
+        sys.stderr.write(io_error_line(error) + "\n")
+        raise SystemExit(3)
+    _tolerate_an_unsaved_dep_file()
     config["dep_file"] = str(dep_file)
     return config
+
+
+def io_error_line(error: OSError) -> str:
+    """``IO_ERROR: reason (file)`` on one line, for a failing environment."""
+    where = f" ({one_line(str(error.filename))})" if error.filename else ""
+    return f"IO_ERROR: {one_line(error.strerror or str(error))}{where}"
+
+
+def _tolerate_an_unsaved_dep_file() -> None:
+    """doit writes its dependency file once, after the last task. When that
+    fails (disk full, a read-only file), the build's work is already done
+    and published: the file is disposable cache whose transaction rolled
+    back, so the next build only repeats its checks. Say so on one line
+    instead of failing a finished build with a traceback."""
+    import sqlite3
+
+    from doit.dependency import SqliteDB
+
+    if getattr(SqliteDB.dump, "viano_tolerant", False):
+        return
+    save = SqliteDB.dump
+
+    def dump(self) -> None:
+        try:
+            save(self)
+        except (sqlite3.Error, OSError) as error:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
+            sys.stderr.write(
+                f"warning: IO_ERROR: the build's dependency file was not saved ({one_line(str(error))}); "
+                "the next build repeats its checks\n"
+            )
+
+    dump.viano_tolerant = True
+    SqliteDB.dump = dump
 
 
 def _discard_if_corrupt(dep_file: Path) -> None:

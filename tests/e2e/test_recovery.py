@@ -350,3 +350,59 @@ def test_a_cleared_prior_case_view_is_read_again_from_the_published_case(tmp_pat
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     published = [(kit.package_dir(w, "c1") / "content/case/revisions/0002/case.json").read_bytes() for w in (ws, twin)]
     assert published[0] == published[1]
+
+
+def test_a_reopen_reason_or_source_that_is_not_utf8_is_one_coded_line(tmp_path):
+    import os
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws)
+    for args in (["by=human:a", os.fsdecode(b"reason=bad\xffbyte")], [os.fsdecode(b"by=human:\xfe"), "reason=fine"]):
+        result = kit.doit("reopen", "case=c1", *args, workspace=ws)
+        line = _one_line_error(result, "INVALID_ARGUMENT")
+        assert "not valid UTF-8" in line
+    assert kit.tree_digest(ws) == before
+
+
+def test_a_finished_build_whose_dep_file_cannot_be_saved_still_succeeds(tmp_path):
+    """doit saves its dependency file after the last task; a failure there
+    (here another process holds the file's write lock, as a full disk would
+    fail the commit) is one warning line, not a traceback after a published case."""
+    import subprocess
+    import sys
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = _report_append(tmp_path, "r8", [])
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    holder = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "procs" / "hold_sqlite_write.py"),
+                               str(ws / ".cache" / "c1" / "doit.sqlite3")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        built = kit.doit("build", "case=c1", workspace=ws)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert built.returncode == 0, built.stderr
+    assert "Traceback" not in built.stderr
+    assert "warning: IO_ERROR: the build's dependency file was not saved" in built.stderr
+    assert "confirmed at generation" in built.stdout
+    generations = len(kit.manifests(ws, "c1"))
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert len(kit.manifests(ws, "c1")) == generations  # repeats its checks, publishes nothing new
+
+
+def test_a_build_whose_cache_cannot_be_made_is_one_coded_line(tmp_path):
+    ws = _admitted(tmp_path)
+    shutil.rmtree(ws / ".cache", ignore_errors=True)
+    (ws / ".cache").write_text("not a directory")  # mkdir of the case's cache fails
+    before = kit.tree_digest(ws / "cases")
+    failed = kit.doit("build", "case=c1", workspace=ws)
+    _one_line_error(failed, "IO_ERROR")
+    assert kit.tree_digest(ws / "cases") == before
+    (ws / ".cache").unlink()
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
