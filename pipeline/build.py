@@ -219,6 +219,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     )
 
                 cache = _cache(ws, case_id)
+                cache.remove_stale_temps()
                 key = _plan_key(package, record, limits)
                 if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
                     # Nothing the plan derives from changed: same builder code, same

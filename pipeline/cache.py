@@ -87,9 +87,38 @@ class BuildCache:
         """Atomically replace one cache record (never used for published files)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            # A full disk must not keep the half-written copy holding space.
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def remove_stale_temps(self) -> int:
+        """Remove the temp files of writes that never finished (a process
+        killed mid-write). Only builds write the cache, each under the case
+        lock, so whoever holds that lock knows every temp file is dead.
+        Returns how many were removed."""
+        removed = 0
+        folders = [self.root, self.root / "out", self.root / "opaque", Path(self._documents)]
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
+                    try:
+                        os.unlink(entry.path)
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+        return removed
 
     def write_json(self, path: Path, value) -> None:
         # Sorted keys make equal records byte-equal, which the content-hash

@@ -406,3 +406,14 @@ def test_a_build_whose_cache_cannot_be_made_is_one_coded_line(tmp_path):
     assert kit.tree_digest(ws / "cases") == before
     (ws / ".cache").unlink()
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+
+
+def test_a_build_removes_the_cache_temp_files_a_killed_build_left(tmp_path):
+    ws = _admitted(tmp_path)
+    killed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "build:after-publish"})
+    assert killed.returncode != 0
+    stale = ws / ".cache" / "c1" / "out" / ".case.json.999999.tmp"  # as a write killed mid-way leaves it
+    stale.write_bytes(b"half a record")
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert not stale.exists()
+    assert not list((ws / ".cache").rglob(".*.tmp"))
