@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError
-from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
+from .jsoncanon import CASE_MAX_DEPTH, decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 
 __all__ = [
@@ -406,7 +406,7 @@ def cmd_probes(case=None, workspace=None) -> int:
     if not path:
         raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
     data = package.read_verified(path, limits.case_bytes, manifest=manifest)
-    document = decode_strict(data, max_bytes=limits.case_bytes, path=path)
+    document = decode_strict(data, max_bytes=limits.case_bytes, max_depth=CASE_MAX_DEPTH, path=path)
     text, code = probes_command_output(document, path, sha256_hex(data))
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return code

@@ -27,6 +27,7 @@ from .errors import CaseBuildError, VianoError
 __all__ = [
     "MAX_SAFE_INTEGER",
     "DEFAULT_MAX_DEPTH",
+    "CASE_MAX_DEPTH",
     "decode_strict",
     "canonical_bytes",
     "canonical_hash",
@@ -40,6 +41,11 @@ __all__ = [
 
 MAX_SAFE_INTEGER = 2**53 - 1
 DEFAULT_MAX_DEPTH = 64
+# A case holds supplied values deeper than their documents did: a claim value
+# sits under 4 containers in a report (doc/observations[]/{}/claim{}) and
+# under 6 in a claim conflict (case/data_quality/claim_conflicts[]/{}/values[]/{}).
+# Reading a published case must accept whatever the inputs could hold.
+CASE_MAX_DEPTH = DEFAULT_MAX_DEPTH + 2
 _MAX_INT_DIGITS = 16  # 2**53 has 16 digits; anything longer is out of range anyway
 
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)

@@ -368,3 +368,31 @@ def test_a_research_result_names_its_request_file_in_the_case(tmp_path):
     assert entry["request_hash"] == request_hash
     summary = (kit.package_dir(ws, "c1") / "content/case/revisions/0002/case_summary.md").read_text(encoding="utf-8")
     assert "request\\.json" in summary
+
+
+def _nested(depth: int):
+    value = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_the_deepest_claim_values_the_reader_accepts_build_and_probe(tmp_path):
+    """A case holds supplied values deeper than their documents (a claim
+    conflict adds two levels); reading the published case must accept that."""
+    from pipeline.jsoncanon import DEFAULT_MAX_DEPTH
+
+    deepest = DEFAULT_MAX_DEPTH - 4  # a claim value starts 4 containers down in a report
+    files = {
+        "original/a.json": kit.report("A", observations=[{"text": "a", "claim": {"key": "k", "value": _nested(deepest)}}]),
+        "original/b.json": kit.report("B", observations=[{"text": "b", "claim": {"key": "k", "value": _nested(deepest - 1)}}]),
+    }
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files=files, index=kit.index(reports=["original/a.json", "original/b.json"]))
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert [c["key"] for c in _case(ws)["data_quality"]["claim_conflicts"]] == ["k"]
+    probed = kit.doit("probes", "case=c1", workspace=ws)
+    assert "JSON_TOO_DEEP" not in probed.stderr and "Traceback" not in probed.stderr, probed.stderr
+    assert probed.stdout.strip()
