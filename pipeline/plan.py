@@ -164,16 +164,24 @@ def plan_from_manifests(
 
     role_of: dict[str, str] = {}
     ordered: dict[str, list[str]] = {}
+    prior_path = prior_case["ref"]["path"] if prior_case is not None else None
+    from_prior: set[str] = set()
 
     def take(role: str, path: str, where: str, pointer: str) -> None:
         previous = role_of.get(path)
         if previous is not None and previous != role:
-            raise CaseBuildError(
-                "DUPLICATE_SOURCE", f"{path!r} is listed as {previous} and as {role}", path=where, pointer=pointer
-            )
+            if path in from_prior:
+                # The prior case's roles are its published inventory: a later
+                # revision may add to them, never move a record to another role.
+                message = f"{path!r} is an input of the prior case as {previous}; a later revision cannot list it as {role}"
+            else:
+                message = f"{path!r} is listed as {previous} and as {role}"
+            raise CaseBuildError("DUPLICATE_SOURCE", message, path=where, pointer=pointer)
         if previous is None:
             role_of[path] = role
             ordered.setdefault(role, []).append(path)
+            if where == prior_path:
+                from_prior.add(path)
 
     if prior_case is not None:
         inputs = prior_case["document"].get("inputs", {})

@@ -417,3 +417,16 @@ def test_a_build_removes_the_cache_temp_files_a_killed_build_left(tmp_path):
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert not stale.exists()
     assert not list((ws / ".cache").rglob(".*.tmp"))
+
+
+def test_a_later_revision_cannot_move_a_prior_case_input_to_another_role(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    reports = [r["path"] for r in json.loads(
+        (kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_text())["inputs"]["reports"]]
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    moved = kit.make_append(tmp_path / "moved", files={"original/note.txt": b"n"},
+                            index=kit.index(attachments=[reports[0]]))
+    assert kit.doit("append", "case=c1", f"source={moved}", workspace=ws).returncode == 0
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "DUPLICATE_SOURCE")
+    assert f"is an input of the prior case as reports; a later revision cannot list it as attachments" in line
