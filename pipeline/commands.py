@@ -146,6 +146,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 if index_path in files:
                     raise AdmissionError("RESERVED_PATH", f"{index_path} is written by append itself", path=index_path)
                 returning = decode_strict(index_bytes, max_bytes=limits.document_bytes)
+                _check_no_name_collides(files, manifest)
                 _check_returning_index(returning, files, manifest)
                 dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
@@ -160,9 +161,10 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 staged.cleanup()
     finally:
         store.close()
+    new = sum(1 for path in staged.files if path not in manifest["files"])
     _out(
         f"appended to case {case_id}: generation {new_manifest['package_generation']}, "
-        f"{len(files)} new files, index {index_path}"
+        f"{new} new files, {len(staged.files) - new} already present, index {index_path}"
     )
     if dropped:
         _progress(
@@ -194,6 +196,22 @@ def _no_longer_listed(package, manifest: dict, returning: dict, limits) -> list[
         return []
     after = set(_listed(returning))
     return [ref for ref in _listed(before) if ref not in after]
+
+
+def _check_no_name_collides(new_files: dict, manifest: dict) -> None:
+    """Admission refuses names that one case-insensitive or normalising
+    filesystem would merge (NFC + case folding, file vs directory); an append
+    must not bring in what admission would have refused beside the files
+    already there. A path already in the package is not new (identical bytes
+    are accepted, different bytes are a CONTENT_CONFLICT when published)."""
+    from .zipscan import NameRegistry
+
+    registry = NameRegistry("SOURCE_NAME_COLLISION", "SOURCE_NAME_COLLISION")
+    for path in sorted(manifest["files"]):
+        registry.add(tuple(path.split("/")), False, path)
+    for path in sorted(new_files):
+        if path not in manifest["files"]:
+            registry.add(tuple(path.split("/")), False, path)
 
 
 def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None:

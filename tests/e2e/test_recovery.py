@@ -430,3 +430,23 @@ def test_a_later_revision_cannot_move_a_prior_case_input_to_another_role(tmp_pat
     assert kit.doit("append", "case=c1", f"source={moved}", workspace=ws).returncode == 0
     line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "DUPLICATE_SOURCE")
     assert f"is an input of the prior case as reports; a later revision cannot list it as attachments" in line
+
+
+def test_an_append_cannot_add_a_name_that_merges_with_one_already_in_the_package(tmp_path):
+    """What admission refuses within one source (NFC + case folding, file vs
+    directory), an append refuses against the files already admitted."""
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files={"original/caf\u00e9.txt": b"nfc", "original/r.json": kit.report("T")},
+                              index=kit.index(reports=["original/r.json"]))
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws / "cases")
+    for name, clash in (("nfd", "original/cafe\u0301.txt"), ("case", "Original/R.json"), ("dir", "original/r.json/x")):
+        extra = kit.make_append(tmp_path / name, files={clash: b"other"}, index=kit.index(reports=["original/r.json"]))
+        result = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+        _one_line_error(result, "SOURCE_NAME_COLLISION")
+        assert kit.tree_digest(ws / "cases") == before
+    again = kit.make_append(tmp_path / "same", files={"original/caf\u00e9.txt": b"nfc", "original/new.txt": b"n"},
+                            index=kit.index(reports=["original/r.json"]))
+    appended = kit.doit("append", "case=c1", f"source={again}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+    assert "1 new files, 1 already present" in appended.stdout
