@@ -31,7 +31,7 @@ from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .errors import VianoError, one_line
+from .errors import ERROR_CODES, VianoError, one_line
 
 __all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "BUILD_TASKS"]
 
@@ -149,10 +149,30 @@ def _requested_tasks(argv) -> list[str]:
     return names
 
 
+def report_interrupts_on_one_line() -> None:
+    """Ctrl-C ends a command with one ``INTERRUPTED`` line instead of a
+    traceback. Only the printing changes: the interpreter still exits by
+    SIGINT (status 130 in a shell), and every step is already safe to stop
+    anywhere (publication is atomic, a retry resumes)."""
+    if getattr(sys.excepthook, "viano_interrupts", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, trace) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            sys.stderr.write(f"INTERRUPTED: {ERROR_CODES['INTERRUPTED']}\n")
+            return
+        previous(kind, value, trace)
+
+    hook.viano_interrupts = True
+    sys.excepthook = hook
+
+
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
     """DOIT_CONFIG for this invocation (see module docstring)."""
     from .workspace import Workspace, validate_id
 
+    report_interrupts_on_one_line()
     argv = sys.argv if argv is None else argv
     config = {
         "backend": "sqlite3",

@@ -450,3 +450,37 @@ def test_an_append_cannot_add_a_name_that_merges_with_one_already_in_the_package
     appended = kit.doit("append", "case=c1", f"source={again}", workspace=ws)
     assert appended.returncode == 0, appended.stderr
     assert "1 new files, 1 already present" in appended.stdout
+
+
+def test_ctrl_c_in_a_build_is_one_interrupted_line_and_a_retry_completes_it(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO, doit_env
+
+    ws = _admitted(tmp_path)
+    ready = tmp_path / "ready"
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_pausing.py"), "build:after-publish", str(ready),
+         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.02)
+        child.send_signal(signal.SIGINT)  # published, not yet confirmed
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode != 0
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1].startswith("INTERRUPTED: ")
+    retried = kit.doit("build", "case=c1", workspace=ws)
+    assert retried.returncode == 0, retried.stderr
+    assert len(kit.manifests(ws, "c1")) == 2  # admission + the one publication, confirmed by the retry
