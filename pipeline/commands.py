@@ -216,10 +216,13 @@ def _check_no_name_collides(new_files: dict, manifest: dict) -> None:
 
 def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None:
     """Every path a returning index lists is either new in this append or already
-    in the package (then it is inherited, re-read from its immutable original)."""
+    in the package (then it is inherited, re-read from its immutable original),
+    and is listed once: the build would refuse the index otherwise
+    (DUPLICATE_SOURCE), so the append refuses it before anything is written."""
     from .plan import is_generated
     from .workspace import check_reference
 
+    seen: dict[str, str] = {}
     roles = [("reports", index.get("reports", [])), ("reproductions", index.get("reproductions", [])),
              ("expected_research", index.get("expected_research", [])), ("attachments", index.get("attachments", []))]
     for name, listed in sorted(index.get("context", {}).items()):
@@ -241,6 +244,10 @@ def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None
                     "REFERENCE_MISSING", f"{ref!r} is neither in this append nor in the package",
                     path="case-inputs.json", pointer=pointer,
                 )
+            if ref in seen:
+                where = "twice in " + role if seen[ref] == role else f"as {seen[ref]} and as {role}"
+                raise CaseBuildError("DUPLICATE_SOURCE", f"{ref!r} is listed {where}", path="case-inputs.json", pointer=pointer)
+            seen[ref] = role
 
 
 # ------------------------------------------------------------------ reopen

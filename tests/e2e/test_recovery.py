@@ -484,3 +484,14 @@ def test_ctrl_c_in_a_build_is_one_interrupted_line_and_a_retry_completes_it(tmp_
     retried = kit.doit("build", "case=c1", workspace=ws)
     assert retried.returncode == 0, retried.stderr
     assert len(kit.manifests(ws, "c1")) == 2  # admission + the one publication, confirmed by the retry
+
+
+def test_an_append_whose_index_lists_a_path_twice_is_refused_before_anything_is_written(tmp_path):
+    ws = _admitted(tmp_path)
+    before = kit.tree_digest(ws / "cases")
+    for name, index in (("two-roles", kit.index(reports=["original/n.json"], attachments=["original/n.json"])),
+                        ("one-role", kit.index(reports=["original/n.json", "original/n.json"]))):
+        extra = kit.make_append(tmp_path / name, files={"original/n.json": kit.report("N")}, index=index)
+        line = _one_line_error(kit.doit("append", "case=c1", f"source={extra}", workspace=ws), "DUPLICATE_SOURCE")
+        assert "original/n.json" in line and "case-inputs.json#/" in line
+        assert kit.tree_digest(ws / "cases") == before
