@@ -118,6 +118,14 @@ def guarded(target: str, *args, **kwargs):
         function(*args, **kwargs)
     except VianoError as error:
         return TaskFailed(str(error))
+    except BrokenPipeError:
+        # The reader went away (``doit status | head``): stop writing quietly,
+        # as command-line tools do, instead of reporting a failed write.
+        # Later writes and the flush at exit go to /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return None
     except OSError as error:
         # The environment failed (disk full, permissions, a path that is not a
         # directory): still one line with a code, never a traceback.

@@ -495,3 +495,16 @@ def test_an_append_whose_index_lists_a_path_twice_is_refused_before_anything_is_
         line = _one_line_error(kit.doit("append", "case=c1", f"source={extra}", workspace=ws), "DUPLICATE_SOURCE")
         assert "original/n.json" in line and "case-inputs.json#/" in line
         assert kit.tree_digest(ws / "cases") == before
+
+
+def test_status_into_a_pipe_that_closes_early_stops_quietly(tmp_path):
+    import subprocess
+
+    from tests.conftest import REPO, doit_env
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    command = f"doit -f {REPO / 'dodo.py'} -d {REPO} status case=c1 workspace={ws} | head -c 1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, env=doit_env())
+    assert len(result.stdout) == 1
+    assert result.stderr == "", result.stderr
