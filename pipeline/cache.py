@@ -102,8 +102,9 @@ class BuildCache:
     def remove_stale_temps(self) -> int:
         """Remove the temp files of writes that never finished (a process
         killed mid-write). Only builds write the cache, each under the case
-        lock, so whoever holds that lock knows every temp file is dead.
-        Returns how many were removed."""
+        lock, so the process that holds that lock, running one build at a
+        time (as ``doit build`` and ``CaseBuilder.build`` do), knows every temp
+        file is dead. Returns how many were removed."""
         removed = 0
         folders = [self.root, self.root / "out", self.root / "opaque", Path(self._documents)]
         for folder in folders:

@@ -148,6 +148,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 returning = decode_strict(index_bytes, max_bytes=limits.document_bytes)
                 _check_no_name_collides(files, manifest)
                 _check_returning_index(returning, files, manifest)
+                _check_prior_roles_kept(returning, package, manifest, record.analysis_revision, limits)
                 dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
                 new_manifest = PackageWriter(package).publish(
@@ -208,7 +209,10 @@ def _check_no_name_collides(new_files: dict, manifest: dict) -> None:
 
     registry = NameRegistry("SOURCE_NAME_COLLISION", "SOURCE_NAME_COLLISION")
     for path in sorted(manifest["files"]):
-        registry.add(tuple(path.split("/")), False, path)
+        try:
+            registry.add(tuple(path.split("/")), False, path)
+        except AdmissionError:
+            pass  # admitted before this check existed: what is there stays appendable
     for path in sorted(new_files):
         if path not in manifest["files"]:
             registry.add(tuple(path.split("/")), False, path)
@@ -219,17 +223,15 @@ def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None
     in the package (then it is inherited, re-read from its immutable original),
     and is listed once: the build would refuse the index otherwise
     (DUPLICATE_SOURCE), so the append refuses it before anything is written."""
-    from .plan import is_generated
+    from .plan import _index_roles, is_generated
     from .workspace import check_reference
 
     seen: dict[str, str] = {}
-    roles = [("reports", index.get("reports", [])), ("reproductions", index.get("reproductions", [])),
-             ("expected_research", index.get("expected_research", [])), ("attachments", index.get("attachments", []))]
-    for name, listed in sorted(index.get("context", {}).items()):
-        roles.append((f"context/{name}", listed))
-    for role, listed in roles:
+    # The build's own walk of an index (role names, order), on a validated
+    # index whose lists hold only strings, so positions are the index's own.
+    for role, prefix, listed in _index_roles(index):
         for position, ref in enumerate(listed):
-            pointer = f"/{role}/{position}"
+            pointer = f"{prefix}/{position}"
             try:
                 check_reference(ref)
             except VianoError as exc:
@@ -248,6 +250,29 @@ def _check_returning_index(index: dict, new_files: dict, manifest: dict) -> None
                 where = "twice in " + role if seen[ref] == role else f"as {seen[ref]} and as {role}"
                 raise CaseBuildError("DUPLICATE_SOURCE", f"{ref!r} is listed {where}", path="case-inputs.json", pointer=pointer)
             seen[ref] = role
+
+
+def _check_prior_roles_kept(index: dict, package, manifest: dict, revision: int, limits) -> None:
+    """A returning index may not move an input of the prior case to another
+    role (the build refuses it, see plan.role_change_error); refused here,
+    before the append writes a generation that no build could then use."""
+    from .build import document_readers
+    from .plan import GENERATED_RE, _index_roles, prior_case_roles, role_change_error
+
+    prior_path = manifest.get("artifacts", {}).get("case")
+    if not prior_path or GENERATED_RE.match(prior_path) is None or int(prior_path.split("/")[2]) >= revision:
+        return
+    entry = manifest["files"][prior_path]
+    _, read_prior_case = document_readers(package, limits)
+    view = read_prior_case({"path": prior_path, "sha256": entry["sha256"], "size": entry["size"]}, manifest)
+    prior_role: dict[str, str] = {}
+    for role, refs in prior_case_roles(view):
+        for ref in refs:
+            prior_role.setdefault(ref["path"], role)
+    for role, prefix, listed in _index_roles(index):
+        for position, path in enumerate(listed):
+            if prior_role.get(path, role) != role:
+                raise role_change_error(path, prior_role[path], role, "case-inputs.json", f"{prefix}/{position}")
 
 
 # ------------------------------------------------------------------ reopen

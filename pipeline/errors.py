@@ -32,7 +32,7 @@ ERROR_CODES: dict[str, str] = {
     "SOURCE_SPECIAL_FILE": "a directory source holds a symlink, device, FIFO or socket",
     "INSUFFICIENT_DISK": "not enough free disk space for the admission",
     "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed",
-    "INTERRUPTED": "the command was stopped (Ctrl-C); what it had published stays, and running it again resumes",
+    "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
     # archive admission (RELIABILITY.md 1-17)
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
     "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, or holds backslashes, drive letters, NUL or control characters",

@@ -89,6 +89,32 @@ def _check_listed(ref, files: dict, index_path: str, pointer: str) -> str:
     return ref
 
 
+def prior_case_roles(document: dict) -> list[tuple[str, list]]:
+    """(role, [REF]) for every role of a prior case's input inventory."""
+    inputs = document.get("inputs", {})
+    return [
+        ("reports", inputs.get("reports", [])),
+        ("reproductions", inputs.get("reproductions", [])),
+        ("expected_research", inputs.get("expected_research", [])),
+        ("attachments", inputs.get("attachments", [])),
+        ("context.runtime", document.get("runtime_facts", {}).get("context", [])),
+        ("context.database", document.get("database_context", [])),
+        ("context.source", document.get("source_context", [])),
+        ("context.research", document.get("research", {}).get("supplied", [])),
+    ]
+
+
+def role_change_error(path: str, previous: str, role: str, where: str, pointer: str) -> CaseBuildError:
+    """The prior case's roles are its published inventory: a later revision
+    may add to them, never move a record to another role."""
+    return CaseBuildError(
+        "DUPLICATE_SOURCE",
+        f"{path!r} is an input of the prior case as {previous}; a later revision cannot list it as {role}",
+        path=where,
+        pointer=pointer,
+    )
+
+
 def _index_roles(index) -> list[tuple[str, str, list]]:
     """(role, pointer prefix, listed paths) for every role of one index.
 
@@ -171,12 +197,8 @@ def plan_from_manifests(
         previous = role_of.get(path)
         if previous is not None and previous != role:
             if path in from_prior:
-                # The prior case's roles are its published inventory: a later
-                # revision may add to them, never move a record to another role.
-                message = f"{path!r} is an input of the prior case as {previous}; a later revision cannot list it as {role}"
-            else:
-                message = f"{path!r} is listed as {previous} and as {role}"
-            raise CaseBuildError("DUPLICATE_SOURCE", message, path=where, pointer=pointer)
+                raise role_change_error(path, previous, role, where, pointer)
+            raise CaseBuildError("DUPLICATE_SOURCE", f"{path!r} is listed as {previous} and as {role}", path=where, pointer=pointer)
         if previous is None:
             role_of[path] = role
             ordered.setdefault(role, []).append(path)
@@ -184,19 +206,8 @@ def plan_from_manifests(
                 from_prior.add(path)
 
     if prior_case is not None:
-        inputs = prior_case["document"].get("inputs", {})
         prior_path = prior_case["ref"]["path"]
-        inherited = [
-            ("reports", inputs.get("reports", [])),
-            ("reproductions", inputs.get("reproductions", [])),
-            ("expected_research", inputs.get("expected_research", [])),
-            ("attachments", inputs.get("attachments", [])),
-            ("context.runtime", prior_case["document"].get("runtime_facts", {}).get("context", [])),
-            ("context.database", prior_case["document"].get("database_context", [])),
-            ("context.source", prior_case["document"].get("source_context", [])),
-            ("context.research", prior_case["document"].get("research", {}).get("supplied", [])),
-        ]
-        for role, refs in inherited:
+        for role, refs in prior_case_roles(prior_case["document"]):
             for position, ref in enumerate(refs):
                 path = ref["path"]
                 entry = files.get(path)

@@ -11,12 +11,15 @@ Every supplied string (ids and paths included) goes through
 :func:`escape_inline`, so nothing a tester or a research provider wrote can
 become live Markdown or HTML (RELIABILITY.md 48-50):
 
-* every ASCII punctuation character is backslash-escaped (CommonMark allows
-  this for all of them), which defeats emphasis, code spans, links, images,
-  raw HTML, entities (``&`` is escaped, so ``&lt;`` stays the text "&lt;"),
-  footnote references, table pipes, headings and list markers, and breaks
-  ``www.``/``http://``/e-mail autolinks because the escaped ``.``, ``:`` and
-  ``@`` split the text that a linkifier would scan;
+* every ASCII punctuation character but ``@`` is backslash-escaped
+  (CommonMark allows this for all of them), which defeats emphasis, code
+  spans, links, images, raw HTML, entities (``&`` is escaped, so ``&lt;``
+  stays the text "&lt;"), footnote references, table pipes, headings and list
+  markers, and breaks ``www.``/``http://`` autolinks, which GFM recognises in
+  the source text where the escaped ``.`` and ``:`` split them;
+* each run of ``@`` becomes a code span: GFM (cmark-gfm, GitHub) links e-mail
+  addresses after unescaping, in the text itself, so an escaped ``@`` would
+  still be linked; in a code span it is shown as the same character;
 * every line break (``\\r\\n``, ``\\r``, ``\\n``, ``\\v``, ``\\f``,
   ``\\x1c``-``\\x1e``, ``\\x85``, ``\\u2028``, ``\\u2029`` -- exactly the
   boundaries of :meth:`str.splitlines`) is folded into the visible marker
@@ -31,7 +34,8 @@ become live Markdown or HTML (RELIABILITY.md 48-50):
 ``escape_inline(text)``; the tests hold the two together with a real parser.
 
 Limits: the escaping targets CommonMark and GFM (tables, footnotes, autolink
-extension). URLs in citations are therefore inert text, not links.
+extension); the tests render with markdown-it and with cmark-gfm. URLs in
+citations are therefore inert text, not links.
 """
 
 from __future__ import annotations

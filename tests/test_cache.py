@@ -39,3 +39,35 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
     assert not any(path.exists() for path in stale)
     assert keep.exists() and cache.read_json(cache.plan) == {"a": 1} and record.exists()
     assert cache.remove_stale_temps() == 0
+
+
+def test_a_dep_file_locked_by_another_process_is_not_taken_for_damage(tmp_path):
+    """Only a damaged dep file is discarded; one another process holds is kept."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from pipeline.doitcli import _discard_if_corrupt
+
+    dep = tmp_path / "doit.sqlite3"
+    connection = sqlite3.connect(dep)
+    connection.execute("create table doit (task_id text primary key, task_data text)")
+    connection.commit()
+    connection.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+         "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(60)", str(dep)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        _discard_if_corrupt(dep)
+        assert dep.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    dep.write_bytes(b"this is not sqlite" * 100)
+    _discard_if_corrupt(dep)
+    assert not dep.exists()

@@ -493,3 +493,32 @@ FIXED_PARITY = [
 @pytest.mark.parametrize("name,document", FIXED_PARITY)
 def test_schema_and_struct_agree_on_edge_cases(name, document):
     assert schema_accepts(name, document) == struct_accepts(name, document)
+
+
+def test_a_case_confirmed_before_entity_kinds_and_research_requests_is_still_a_case():
+    """A confirmed case is reused as published (seed 001); cases written before
+    entity sources carried ``kind`` and research results named ``request``
+    must still meet the contract, while the builder always writes both now."""
+    from contracts.case_structs import decode_case
+
+    from tests.conftest import FIXTURES
+
+    golden = json.loads((FIXTURES / "golden" / "sample" / "case.json").read_text(encoding="utf-8"))
+    assert all("kind" in source for entity in golden["entities"] for source in entity["sources"])
+    older = copy.deepcopy(golden)
+    for entity in older["entities"]:
+        for source in entity["sources"]:
+            del source["kind"]
+    older["research"]["results"] = [{
+        "path": "research/aa/result.json", "sha256": "12" * 32, "request_hash": "ef" * 32,
+        "provider": {"name": "p", "version": "1"}, "status": "partial", "statement_ids": [],
+    }]
+    for document in (older, golden):
+        contracts.validate("case", document, path="case.json")
+        decode_case(json.dumps(document).encode())
+    bad = copy.deepcopy(golden)
+    bad["entities"][0]["sources"][0]["kind"] = "external_research"  # never an entity's kind
+    with pytest.raises(CaseBuildError):
+        contracts.validate("case", bad, path="case.json")
+    with pytest.raises(msgspec.ValidationError):
+        decode_case(json.dumps(bad).encode())

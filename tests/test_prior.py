@@ -155,3 +155,31 @@ def test_the_view_is_small_and_keeps_ids_and_inventory():
     assert "bug" not in view and "entities" not in view
     assert len(pretty_bytes(view)) < len(pretty_bytes(prior))
     assert canonical_hash(prior_case_view(prior)) == canonical_hash(view)  # a pure function
+
+
+def test_planning_refuses_a_prior_case_input_listed_in_another_role_with_the_append_s_words():
+    """The build's side of the rule the append checks first: a later
+    revision's index cannot move a prior-case input to another role."""
+    prior = assemble(rich_snapshot())
+    files = _inventory_files(prior)
+    index_path = "inputs/3/case-inputs.json"
+    files[index_path] = {"sha256": "ee" * 32, "size": 1}
+    moved = prior["inputs"]["reports"][0]["path"]
+    manifest = {
+        "case_id": "case-A", "package_id": "pkg-1", "analysis_revision": 2, "package_generation": 3,
+        "project": {"name": "demo", "version": "1.0"}, "artifacts": {"case_inputs": index_path}, "files": files,
+    }
+    index = {"format": "viano-case-inputs", "format_version": 1, "reports": [], "reproductions": [], "attachments": [moved]}
+    prior_ref = {"ref": {"path": PRIOR_PATH, "sha256": "cd" * 32, "size": 1}, "document": prior_case_view(prior)}
+    try:
+        plan_from_manifests(manifests=[manifest], indexes={index_path: index}, prior_case=prior_ref, limits=CaseBuilderLimits())
+    except CaseBuildError as error:
+        assert error.code == "DUPLICATE_SOURCE"
+        assert error.message == f"{moved!r} is an input of the prior case as reports; a later revision cannot list it as attachments"
+        assert (error.path, error.pointer) == (index_path, "/attachments/0")
+    else:
+        raise AssertionError("a prior-case report listed as an attachment must be refused")
+    index["attachments"] = []
+    index["reports"] = [moved]  # the same role: inherited as it was
+    plan = plan_from_manifests(manifests=[manifest], indexes={index_path: index}, prior_case=prior_ref, limits=CaseBuilderLimits())
+    assert moved in [d["path"] for d in plan["documents"]]

@@ -427,9 +427,12 @@ def test_a_later_revision_cannot_move_a_prior_case_input_to_another_role(tmp_pat
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
     moved = kit.make_append(tmp_path / "moved", files={"original/note.txt": b"n"},
                             index=kit.index(attachments=[reports[0]]))
-    assert kit.doit("append", "case=c1", f"source={moved}", workspace=ws).returncode == 0
-    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "DUPLICATE_SOURCE")
-    assert f"is an input of the prior case as reports; a later revision cannot list it as attachments" in line
+    before = kit.tree_digest(ws / "cases")
+    # Refused by the append itself, before it writes a generation no build could use.
+    line = _one_line_error(kit.doit("append", "case=c1", f"source={moved}", workspace=ws), "DUPLICATE_SOURCE")
+    assert "is an input of the prior case as reports; a later revision cannot list it as attachments" in line
+    assert "case-inputs.json#/attachments/0" in line
+    assert kit.tree_digest(ws / "cases") == before
 
 
 def test_an_append_cannot_add_a_name_that_merges_with_one_already_in_the_package(tmp_path):
