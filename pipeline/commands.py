@@ -9,13 +9,15 @@ progress on stderr.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 from pathlib import Path
 
-from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError
+from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError, one_line
 from .jsoncanon import CASE_MAX_DEPTH, decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
+from .workspace import user_path
 
 __all__ = [
     "cmd_admit",
@@ -99,7 +101,7 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
     from .intake import admit
 
     case_id, ws = _context(case, workspace)
-    source_path = Path(_required(source, "source"))
+    source_path = user_path(_required(source, "source"))
     if not source_path.exists() and not source_path.is_symlink():
         raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
     manifest = admit(ws, case_id, source_path)
@@ -121,7 +123,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     from .reader import read_document
 
     case_id, ws = _context(case, workspace)
-    source_path = Path(_required(source, "source"))
+    source_path = user_path(_required(source, "source"))
     if not source_path.exists() and not source_path.is_symlink():
         raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
     limits = CaseBuilderLimits()
@@ -171,7 +173,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
         _progress(
             f"note: {len(dropped)} input(s) listed before and not by this index are inherited "
             f"(an inherited document that fails its contract is dropped with a SUPERSEDED_INPUT gap): "
-            + ", ".join(dropped[:5]) + (" ..." if len(dropped) > 5 else "")
+            + ", ".join(one_line(path) for path in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
         )
 
 
@@ -195,8 +197,17 @@ def _no_longer_listed(package, manifest: dict, returning: dict, limits) -> list[
                                max_bytes=limits.document_bytes, path=current)
     except VianoError:
         return []
+    from .workspace import check_reference
+
+    def usable(ref: str) -> bool:  # the build skips an unusable reference; it is not inherited
+        try:
+            check_reference(ref)
+        except VianoError:
+            return False
+        return True
+
     after = set(_listed(returning))
-    return [ref for ref in _listed(before) if ref not in after]
+    return [ref for ref in _listed(before) if ref not in after and usable(ref)]
 
 
 def _check_no_name_collides(new_files: dict, manifest: dict) -> None:
@@ -335,8 +346,14 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     from .packages import write_durable
 
     case_id, ws = _context(case, workspace)
-    destination = Path(_required(dest, "dest"))
+    destination = user_path(_required(dest, "dest"))
     limits = CaseBuilderLimits()
+    # The workspace holds only what the pipeline writes: a file exported into
+    # a package's content would be taken for a crashed writer's and removed,
+    # and one anywhere else would be left for nothing to account for.
+    resolved, root = os.path.realpath(destination), os.path.realpath(ws.root)
+    if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+        raise VianoError("INVALID_ARGUMENT", f"dest {one_line(str(dest))} is inside the workspace")
 
     store = _existing_store(ws, case_id)
     try:

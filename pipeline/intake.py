@@ -1343,6 +1343,10 @@ def read_append_source(
         contracts.validate("case-inputs", index, path=APPEND_INDEX, error=AdmissionError)
         content = {rel: size for rel, size in src.files.items() if rel != APPEND_INDEX}
         _check_reserved(content)
+        if staging_dir is not None:
+            # The workspace's staging: trees of killed appends and admissions
+            # go before this one needs the space (admit does the same).
+            _remove_stale_staging(root)
         _check_free_disk(root, sum(content.values()), limits)
         staging = _Staging(root, "append", "source", remove_empty_root=False)
         try:

@@ -87,21 +87,24 @@ def remove_unpublished_content(package) -> list[str]:
 
     Such a file was never published (the manifest link is the commit point),
     so removing it rewrites nothing; leaving it would make a later, different
-    publication of the same path fail with CONTENT_CONFLICT forever. Only safe
-    under the case lock, where no other writer of this package is between its
-    content and its manifest. Symlinks and other non-regular entries are left
-    alone (reads refuse them anyway).
+    publication of the same path fail with CONTENT_CONFLICT forever. The
+    directories such a writer made are removed too once empty: a manifest
+    lists files only, and an empty ``newdir/`` would block a later file named
+    ``newdir`` the same way. Only safe under the case lock, where no other
+    writer of this package is between its content and its manifest. Symlinks
+    and other non-regular entries are left alone (reads refuse them anyway).
     """
     generation = package.current_generation()
     root = package.content_dir
-    walked = [(dirpath, names) for dirpath, _dirnames, names in os.walk(root, followlinks=False)]
-    if generation and sum(len(names) for _, names in walked) <= _listed_count(package, generation):
+    walked = list(os.walk(root, followlinks=False))
+    empty_leaf = any(not dirnames and not names for dirpath, dirnames, names in walked if dirpath != str(root))
+    if generation and not empty_leaf and sum(len(names) for _, _, names in walked) <= _listed_count(package, generation):
         # Published files never go away, so no more names than the manifest
-        # lists means nothing unpublished is here; the common case skips the
-        # per-file lstat and the full (validated) manifest load.
+        # lists (and no empty directory) means nothing unpublished is here;
+        # the common case skips the per-file lstat and the manifest load.
         return []
     present = []
-    for dirpath, names in walked:
+    for dirpath, _dirnames, names in walked:
         for name in names:
             full = os.path.join(dirpath, name)
             if stat.S_ISREG(os.lstat(full).st_mode):
@@ -112,8 +115,15 @@ def remove_unpublished_content(package) -> list[str]:
         if rel not in listed:
             os.unlink(os.path.join(root, rel))
             removed.append(rel)
+    touched = {os.path.dirname(os.path.join(root, rel)) for rel in removed}
+    for dirpath, _dirnames, _names in reversed(walked):  # deepest first
+        if dirpath != str(root) and not os.listdir(dirpath):
+            os.rmdir(dirpath)
+            removed.append(os.path.relpath(dirpath, root).replace(os.sep, "/") + "/")
+            touched.discard(dirpath)
+            touched.add(os.path.dirname(dirpath))
     if removed:
-        _fsync_dirs({os.path.dirname(os.path.join(root, rel)) for rel in removed})
+        _fsync_dirs(touched)
     return sorted(removed)
 
 

@@ -113,6 +113,23 @@ def check_reference(ref: object) -> str:
     return ref
 
 
+def user_path(value: str) -> Path:
+    """A path given on the command line, relative to the directory the user ran
+    the command in. doit changes into the dodo file's directory before any
+    task runs (``doit -f path/to/dodo.py``), so ``os.getcwd()`` there is not it;
+    doit keeps the directory it started in."""
+    path = Path(value)
+    if path.is_absolute():
+        return path
+    try:
+        from doit import get_initial_workdir
+
+        start = get_initial_workdir()
+    except ImportError:  # used without doit (the Python API)
+        start = None
+    return Path(start or os.getcwd()) / path
+
+
 @dataclass(frozen=True)
 class Workspace:
     """Where one workspace lives and how its parts are laid out (ARCHITECTURE.md section 3).
@@ -128,10 +145,11 @@ class Workspace:
 
     @classmethod
     def from_var(cls, value: str | None) -> "Workspace":
-        """The workspace named by a command variable, else ``$VIANO_WORKSPACE``, else ``service-data``."""
+        """The workspace named by a command variable, else ``$VIANO_WORKSPACE``, else
+        ``service-data``; a relative one is taken from where the command was run."""
         if value is None or value == "":
             value = os.environ.get(WORKSPACE_ENV) or DEFAULT_WORKSPACE
-        return cls(Path(value))
+        return cls(user_path(value))
 
     @property
     def store_path(self) -> Path:

@@ -511,3 +511,83 @@ def test_status_into_a_pipe_that_closes_early_stops_quietly(tmp_path):
     result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, env=doit_env())
     assert len(result.stdout) == 1
     assert result.stderr == "", result.stderr
+
+
+def test_directories_a_crashed_writer_left_empty_are_removed_and_block_nothing(tmp_path):
+    """A writer killed after making content directories, before any file
+    landed in them, leaves them empty; a later file of that name must fit."""
+    ws = _admitted(tmp_path)
+    content = kit.package_dir(ws, "c1") / "content"
+    (content / "newdir" / "sub").mkdir(parents=True)
+    (content / "inputs" / "9").mkdir(parents=True)
+    (content / "original" / "leftover").mkdir()
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0  # its roll-forward tidies up
+    assert not (content / "newdir").exists() and not (content / "inputs" / "9").exists()
+    assert not (content / "original" / "leftover").exists() and (content / "original").is_dir()
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = kit.make_append(tmp_path / "file", files={"newdir": b"a file where the empty directory was"},
+                            index=kit.index(reports=[]))
+    appended = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+    assert (content / "newdir").read_bytes() == b"a file where the empty directory was"
+
+
+def test_the_append_note_never_prints_a_reference_raw(tmp_path):
+    """References of the earlier index reach stderr in the append's note: a
+    hostile one must not drive the terminal or forge a coded line."""
+    hostile = "\x1b[31mRED\x1b[0m\nINTEGRITY_ERROR: fake line\u202e"
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T"), "original/s.json": kit.report("S")},
+                              index=kit.index(reports=["original/r.json", "original/s.json", hostile]))
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    extra = kit.make_append(tmp_path / "app", files={"original/n.json": kit.report("N")},
+                            index=kit.index(reports=["original/r.json", "original/n.json"]))
+    appended = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+    assert "\x1b" not in appended.stderr and "\u202e" not in appended.stderr
+    assert not any(line.startswith("INTEGRITY_ERROR") for line in appended.stderr.splitlines())
+    note = [line for line in appended.stderr.splitlines() if line.startswith("note:")]
+    assert len(note) == 1 and "1 input(s)" in note[0] and "original/s.json" in note[0]
+
+
+def test_an_append_removes_the_staging_copies_killed_commands_left(tmp_path):
+    ws = _admitted(tmp_path)
+    dead = ws / ".staging" / "append-source-999999999-0123456789ab"  # no such process
+    (dead / "files" / "original").mkdir(parents=True)
+    (dead / "files" / "original" / "big.bin").write_bytes(b"x" * 4096)
+    extra = _report_append(tmp_path, "r8", [])
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    assert not dead.exists()
+
+
+def test_export_refuses_a_destination_inside_the_workspace(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws, skip_cache=False)
+    content = kit.package_dir(ws, "c1") / "content"
+    for dest in (ws, content / "exported", ws / ".cache" / "c1", ws / "cases"):
+        _one_line_error(kit.doit("export", "case=c1", f"dest={dest}", workspace=ws), "INVALID_ARGUMENT")
+    assert kit.tree_digest(ws, skip_cache=False) == before
+    assert kit.doit("export", "case=c1", f"dest={tmp_path / 'out'}", workspace=ws).returncode == 0
+
+
+def test_relative_paths_are_taken_from_where_the_command_was_run(tmp_path):
+    """doit changes into the dodo file's directory; source=, dest= and
+    workspace= still mean what they say from the user's directory."""
+    import subprocess
+
+    from tests.conftest import REPO, doit_env
+
+    here = tmp_path / "here"
+    here.mkdir()
+    kit.make_package(here / "pkg", files={"original/r.json": kit.report("T")}, index=kit.index(reports=["original/r.json"]))
+
+    def run(*args):
+        return subprocess.run(["doit", "-f", str(REPO / "dodo.py"), *args, "workspace=ws"],
+                              cwd=here, capture_output=True, text=True, env=doit_env())
+
+    for args in (("admit", "case=c1", "source=pkg"), ("build", "case=c1"), ("export", "case=c1", "dest=out")):
+        result = run(*args)
+        assert result.returncode == 0, (args, result.stderr)
+    assert (here / "ws" / "checkpoints.sqlite3").exists() and (here / "out" / "case.json").exists()
+    assert not (REPO / "ws").exists() and not (REPO / "out").exists()
