@@ -48,7 +48,7 @@ ERROR_CODES: dict[str, str] = {
     "ZIP_CRC_MISMATCH": "an entry's content does not match its CRC-32",
     "RESERVED_PATH": "a package or append source holds content under a reserved prefix (case/, inputs/)",
     "SOURCE_UNSAFE_NAME": "a directory-source file name is not UTF-8 or holds control, bidi or NUL characters, empty/./.. parts, or is too long or deep",
-    "SOURCE_NAME_COLLISION": "two directory-source names are equal after Unicode NFC and case folding, or a name is both file and directory",
+    "SOURCE_NAME_COLLISION": "two directory-source names, or an appended name and one already in the package, are equal after Unicode NFC and case folding, or a name is both file and directory",
     "INDEX_MISSING": "an append source has no case-inputs.json at its root",
     # manifests and packages
     "MANIFEST_MISSING": "the package has no manifest.json",
