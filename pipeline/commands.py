@@ -449,7 +449,7 @@ def cmd_status(case=None, workspace=None) -> None:
         )
     _out("build outlook (task: would run? why):")
     for task, reason in build_outlook(ws, case_id, record, package):
-        _out(f"  {task}: {reason}")
+        _out(f"  {one_line(task)}: {one_line(reason, 600)}")
 
 
 # ------------------------------------------------------------------ probes

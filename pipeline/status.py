@@ -15,6 +15,24 @@ from .plan import make_plan
 __all__ = ["build_outlook"]
 
 
+def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
+    """What the build would make of one structured input, from its cached record:
+    a document refused when it was read stays refused (the record is a pure
+    function of its bytes), and stops the build unless it is only inherited."""
+    if not record.exists():
+        return "would run: not read yet (new input, or the cache was cleared)"
+    try:
+        refused = cache.read_json(record).get("rejected")
+    except (OSError, VianoError):
+        return "would run: its cache record is unreadable"
+    if not refused:
+        return "up to date"
+    problem = f"{refused.get('code')}: {refused.get('message')}"
+    if doc.get("lenient"):
+        return f"up to date, refused ({problem}); inherited, so the build drops it with a SUPERSEDED_INPUT gap"
+    return f"up to date, refused: the build would fail with {problem}"
+
+
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .build import document_readers, open_existing_store
 
@@ -31,8 +49,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         return rows
     cache = BuildCache(ws.cache_dir(case_id))
     for doc in plan["documents"]:
-        cached = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"]).exists()
-        rows.append((f"read_input:{doc['path']}", "up to date" if cached else "would run: not read yet (new input, or the cache was cleared)"))
+        record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
+        rows.append((f"read_input:{doc['path']}", _read_input_outlook(cache, record, doc)))
     for ref in plan["opaque"]:
         cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()
         rows.append((f"hash_context:{ref['path']}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))

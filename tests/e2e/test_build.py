@@ -266,12 +266,17 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert kit.tree_digest(ws / "cases") == before
     status = kit.doit("status", "case=c1", workspace=ws)
     assert "state: BUILDING_CASE" in status.stdout  # the start checkpoint is kept
+    assert ("read_input:original/report-b.json: up to date, refused: the build would fail with JSON_DUPLICATE_KEY"
+            in status.stdout), status.stdout
     fix = kit.make_append(
         tmp_path / "fix",
         files={"original/report-b2.json": kit.report("Corrected", observations=[{"text": "Fixed"}])},
         index=kit.index(reports=["original/report-a.json", "original/report-b2.json"], reproductions=["original/repro.json"]),
     )
     assert kit.doit("append", "case=c1", f"source={fix}", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "read_input:original/report-b.json: up to date, refused (JSON_DUPLICATE_KEY" in outlook  # inherited now
+    assert "drops it with a SUPERSEDED_INPUT gap" in outlook
     resumed = kit.doit("build", "case=c1", workspace=ws)
     assert resumed.returncode == 0, resumed.stderr
     case = _case(ws)
