@@ -474,6 +474,9 @@ def cmd_probes(case=None, workspace=None) -> int:
         raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
     data = package.read_verified(path, limits.case_bytes, manifest=manifest)
     document = decode_strict(data, max_bytes=limits.case_bytes, max_depth=CASE_MAX_DEPTH, path=path)
+    built_revision = int(path.split("/")[2])
+    if built_revision < record.analysis_revision:
+        _progress(f"note: revision {record.analysis_revision} has no case yet; these probes are for revision {built_revision}'s case")
     text, code = probes_command_output(document, path, sha256_hex(data))
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return code

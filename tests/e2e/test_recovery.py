@@ -591,3 +591,12 @@ def test_relative_paths_are_taken_from_where_the_command_was_run(tmp_path):
         assert result.returncode == 0, (args, result.stderr)
     assert (here / "ws" / "checkpoints.sqlite3").exists() and (here / "out" / "case.json").exists()
     assert not (REPO / "ws").exists() and not (REPO / "out").exists()
+
+
+def test_probes_after_a_reopen_say_which_revision_they_are_for(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert "has no case yet" not in kit.doit("probes", "case=c1", workspace=ws).stderr
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    probed = kit.doit("probes", "case=c1", workspace=ws)
+    assert "note: revision 2 has no case yet; these probes are for revision 1's case" in probed.stderr
