@@ -382,12 +382,16 @@ def _link_new(
     progress: Progress | None = None,
     crash_after_temp: str | None = None,
     crash_after_link: str | None = None,
+    rename_without_links: bool = False,
 ) -> tuple[str, int]:
     """Publish ``source`` as ``name`` in ``dir_fd`` by temp + fsync + link; return (sha256, size).
 
     Raises :class:`_NameExists` (a ``FileExistsError``; temp already removed)
     when ``name`` exists, so the caller decides what an existing name means. Every other failure is
-    ``IO_ERROR`` (or a source error) with the temp removed.
+    ``IO_ERROR`` (or a source error) with the temp removed. With
+    ``rename_without_links``, a filesystem that has no hard links (FAT,
+    exFAT, many SMB shares) gets the temp renamed into place with
+    ``RENAME_NOREPLACE`` instead, which is exclusive the same way.
     """
     temp = _temp_name()
     try:
@@ -414,11 +418,20 @@ def _link_new(
         except FileExistsError:
             raise _NameExists(digest) from None
         except OSError as exc:
-            raise _io_error("linking the new file into place", exc, label) from None
+            if not (rename_without_links and exc.errno in _NO_HARD_LINKS):
+                raise _io_error("linking the new file into place", exc, label) from None
+            try:
+                _rename_noreplace(temp, name, dir_fd)
+            except FileExistsError:
+                raise _NameExists(digest) from None
+            except OSError as rename_exc:
+                raise _io_error("renaming the new file into place", rename_exc, label) from None
+            temp_present = False
         if crash_after_link:
             crashpoint(crash_after_link)
-        os.unlink(temp, dir_fd=dir_fd)
-        temp_present = False
+        if temp_present:
+            os.unlink(temp, dir_fd=dir_fd)
+            temp_present = False
         try:
             os.fsync(dir_fd)
         except OSError as exc:
@@ -437,7 +450,26 @@ def _link_new(
                 pass
 
 
-def _publish_content(dir_fd: int, name: str, source, *, label: str, progress: Progress | None = None) -> tuple[str, int]:
+# What link(2) answers where the filesystem has no hard links.
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
+
+
+def _rename_noreplace(source: str, target: str, dir_fd: int) -> None:
+    """``renameat2(..., RENAME_NOREPLACE)``: atomic, and never over an existing name."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available", target)
+    if renameat2(dir_fd, os.fsencode(source), dir_fd, os.fsencode(target), 1) != 0:  # 1 = RENAME_NOREPLACE
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def _publish_content(
+    dir_fd: int, name: str, source, *, label: str, progress: Progress | None = None, rename_without_links: bool = False
+) -> tuple[str, int]:
     """Create ``name`` exclusively; an existing identical file is accepted, a different one is ``CONTENT_CONFLICT``."""
     try:
         st = os.lstat(name, dir_fd=dir_fd)
@@ -451,7 +483,7 @@ def _publish_content(dir_fd: int, name: str, source, *, label: str, progress: Pr
             raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=label)
         return mine
     try:
-        return _link_new(dir_fd, name, source, label=label, progress=progress)
+        return _link_new(dir_fd, name, source, label=label, progress=progress, rename_without_links=rename_without_links)
     except _NameExists as exists:
         # Lost a race for this path to another writer: same bytes are fine.
         mine = exists.digest
@@ -473,11 +505,13 @@ def write_durable(dir_path: Path | str, name: str, data: bytes) -> tuple[str, in
     Temp in the same directory opened exclusively, fsync, ``os.link`` into
     place, unlink the temp, fsync the directory; the temp is removed on any
     failure. An existing file with identical bytes is accepted; different
-    bytes are ``CONTENT_CONFLICT``; fsync failures are ``IO_ERROR``.
+    bytes are ``CONTENT_CONFLICT``; fsync failures are ``IO_ERROR``. For a
+    destination outside the workspace (export): on a filesystem without hard
+    links the temp is renamed into place, never over an existing name.
     """
     dir_fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return _publish_content(dir_fd, _single_name(name), bytes(data), label=name)
+        return _publish_content(dir_fd, _single_name(name), bytes(data), label=name, rename_without_links=True)
     finally:
         os.close(dir_fd)
 

@@ -856,3 +856,21 @@ def test_tampered_large_content_fails_verification(tmp_path, monkeypatch):
     with pytest.raises(VianoError) as info:
         package.verify_file("dump.bin", manifest={"files": {"dump.bin": entry}})
     assert info.value.code == "INTEGRITY_ERROR" and info.value.path == "dump.bin"
+
+
+def test_the_rename_used_without_hard_links_never_replaces_a_file(tmp_path):
+    import os
+
+    from pipeline.packages import _rename_noreplace
+
+    (tmp_path / "temp").write_bytes(b"new")
+    (tmp_path / "taken").write_bytes(b"old")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(FileExistsError):
+            _rename_noreplace("temp", "taken", fd)
+        assert (tmp_path / "taken").read_bytes() == b"old" and (tmp_path / "temp").exists()
+        _rename_noreplace("temp", "free", fd)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "free").read_bytes() == b"new" and not (tmp_path / "temp").exists()

@@ -600,3 +600,33 @@ def test_probes_after_a_reopen_say_which_revision_they_are_for(tmp_path):
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
     probed = kit.doit("probes", "case=c1", workspace=ws)
     assert "note: revision 2 has no case yet; these probes are for revision 1's case" in probed.stderr
+
+
+def test_export_to_a_filesystem_without_hard_links_still_never_overwrites(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, doit_env
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+
+    def export(dest):
+        return subprocess.run(
+            [sys.executable, str(REPO / "tests" / "procs" / "doit_without_links.py"), "-f", str(REPO / "dodo.py"),
+             "-d", str(REPO), "export", "case=c1", f"dest={dest}", f"workspace={ws}"],
+            capture_output=True, text=True, env=doit_env(),
+        )
+
+    out = tmp_path / "usb"
+    first = export(out)
+    assert first.returncode == 0, first.stderr
+    published = kit.package_dir(ws, "c1") / "content/case/revisions/0001"
+    assert (out / "case.json").read_bytes() == (published / "case.json").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]  # no temp left
+    assert export(out).returncode == 0  # identical files are accepted
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "case.json").write_bytes(b"someone else's file")
+    _one_line_error(export(other), "CONTENT_CONFLICT")
+    assert (other / "case.json").read_bytes() == b"someone else's file"
