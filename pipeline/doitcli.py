@@ -275,9 +275,12 @@ def _discard_if_corrupt(dep_file: Path) -> None:
         finally:
             connection.close()
     except sqlite3.OperationalError as error:
-        # Busy or locked is another process using a sound file, not damage;
-        # doit then reports its own failure to open it.
-        ok = "locked" in str(error) or "busy" in str(error)
+        # Busy or locked is another process using a sound file, not damage.
+        # Under the case lock none of ours can be that process; doit would wait
+        # and then call the file corrupt, so say what it is, on one line.
+        if "locked" in str(error) or "busy" in str(error):
+            raise VianoError("LOCK_TIMEOUT", "the build's dependency file is held by another process", path=dep_file.name) from None
+        ok = False
     except sqlite3.DatabaseError:
         ok = False
     if not ok:

@@ -768,12 +768,35 @@ def _io_error(what: str, exc: OSError, path: str | None = None) -> AdmissionErro
     return AdmissionError("IO_ERROR", f"{what} failed: {os.strerror(exc.errno) if exc.errno else exc}", path=path)
 
 
+_OWNER_SUFFIX = ".owner"
+
+
+def _hold_owner_lock(path: Path) -> int:
+    """Create and flock ``path``: the sign that a staging tree's writer lives.
+
+    A flock is released by the kernel when its holder dies, whatever pid
+    namespace it ran in; a pid is not (two containers sharing one workspace
+    do not see each other's processes)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd
+
+
 class _Staging:
     """A private tree ``<root>/<kind>-<id>-<pid>-<hex>/`` removed on failure.
 
     Directories this object had to create on the way (the workspace root,
     ``.staging``) are removed again by :meth:`cleanup` when empty, so a
-    rejected admission leaves no trace.
+    rejected admission leaves no trace. Beside the tree, ``<name>.owner``
+    is held locked for the tree's whole life, before the tree exists, so
+    :func:`_remove_stale_staging` never takes a live writer's tree for dead.
     """
 
     def __init__(self, root: Path, kind: str, ident: str, *, remove_empty_root: bool) -> None:
@@ -789,6 +812,11 @@ class _Staging:
                     pass
         _require_real_dir(root, root.name)
         self.path = root / f"{kind}-{ident}-{os.getpid()}-{secrets.token_hex(6)}"
+        self._owner_path = root / (self.path.name + _OWNER_SUFFIX)
+        try:
+            self._owner_fd: int | None = _hold_owner_lock(self._owner_path)
+        except OSError as exc:
+            raise _io_error("creating a staging directory", exc, str(root.name)) from None
         for _ in range(5):
             try:
                 self.path.mkdir()
@@ -812,6 +840,13 @@ class _Staging:
     def cleanup(self) -> None:
         if self.path.exists():
             shutil.rmtree(self.path, ignore_errors=True)
+        if self._owner_fd is not None:
+            try:
+                os.unlink(self._owner_path)
+            except OSError:
+                pass
+            os.close(self._owner_fd)
+            self._owner_fd = None
         doomed = list(reversed(self._created))
         if self._remove_empty_root and self.root not in doomed:
             doomed.insert(0, self.root)
@@ -823,15 +858,45 @@ class _Staging:
 
 
 def _remove_stale_staging(staging_root: Path) -> None:
-    """Remove staging trees whose writer process is gone (crashed admissions)."""
+    """Remove staging trees whose writer is gone (crashed admissions and appends).
+
+    A tree's writer lives while it holds the flock on ``<tree>.owner``;
+    a tree without one (an interrupted admission's trash, or a tree made
+    before owner locks existed) falls back to its pid."""
+    import fcntl
+
     try:
-        names = os.listdir(staging_root)
+        names = set(os.listdir(staging_root))
     except FileNotFoundError:
         return
-    for name in names:
-        match = _STAGE_RE.fullmatch(name)
-        if match and not _pid_alive(int(match.group(2))):
-            shutil.rmtree(staging_root / name, ignore_errors=True)
+    for name in sorted(names):
+        if name.endswith(_OWNER_SUFFIX) and _STAGE_RE.fullmatch(name[: -len(_OWNER_SUFFIX)]):
+            tree = name[: -len(_OWNER_SUFFIX)]
+        elif _STAGE_RE.fullmatch(name):
+            if name + _OWNER_SUFFIX in names:
+                continue  # decided with its owner file
+            if not _pid_alive(int(_STAGE_RE.fullmatch(name).group(2))):
+                shutil.rmtree(staging_root / name, ignore_errors=True)
+            continue
+        else:
+            continue
+        owner = staging_root / name
+        try:
+            fd = os.open(owner, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile: its writer cleaned up
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its writer is alive, in whatever pid namespace
+            shutil.rmtree(staging_root / tree, ignore_errors=True)
+            try:
+                os.unlink(owner)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
 
 
 def _check_free_disk(root: Path, needed: int, limits: ZipLimits) -> None:

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from pipeline.cache import BuildCache
+from pipeline.errors import VianoError
 
 
 def test_a_failed_write_leaves_no_temp_file_and_the_old_record(tmp_path):
@@ -62,7 +63,9 @@ def test_a_dep_file_locked_by_another_process_is_not_taken_for_damage(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        _discard_if_corrupt(dep)
+        with pytest.raises(VianoError) as held:
+            _discard_if_corrupt(dep)
+        assert held.value.code == "LOCK_TIMEOUT"
         assert dep.exists()
     finally:
         holder.kill()

@@ -630,3 +630,57 @@ def test_export_to_a_filesystem_without_hard_links_still_never_overwrites(tmp_pa
     (other / "case.json").write_bytes(b"someone else's file")
     _one_line_error(export(other), "CONTENT_CONFLICT")
     assert (other / "case.json").read_bytes() == b"someone else's file"
+
+
+def test_a_live_writer_s_staging_tree_is_kept_even_when_its_pid_is_not_visible(tmp_path):
+    """Two containers sharing a workspace do not see each other's pids; the
+    owner flock, not the pid in the tree's name, says whether a writer lives."""
+    import subprocess
+    import sys
+
+    ws = _admitted(tmp_path)
+    staging = ws / ".staging"
+    staging.mkdir(exist_ok=True)
+    name = "admit-other-999999999-0123456789ab"  # a pid no process here has
+    writer = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time; from pathlib import Path; "
+         "root = Path(sys.argv[1]); fd = os.open(root / (sys.argv[2] + '.owner'), os.O_RDWR | os.O_CREAT, 0o600); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); "
+         "(root / sys.argv[2] / 'files').mkdir(parents=True); (root / sys.argv[2] / 'files' / 'half').write_bytes(b'x'); "
+         "print('ready', flush=True); time.sleep(60)", str(staging), name],
+        stdout=subprocess.PIPE, text=True, env=kit.doit_env(),
+    )
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        first = _report_append(tmp_path, "r8", [])
+        assert kit.doit("append", "case=c1", f"source={first}", workspace=ws).returncode == 0
+        assert (staging / name / "files" / "half").exists()  # alive: kept
+    finally:
+        writer.kill()
+        writer.wait()
+        writer.stdout.close()
+    second = _report_append(tmp_path, "r9", [])
+    assert kit.doit("append", "case=c1", f"source={second}", workspace=ws).returncode == 0
+    assert not (staging / name).exists() and not (staging / (name + ".owner")).exists()  # dead: removed
+
+
+def test_a_dep_file_another_process_holds_is_one_coded_line_and_kept(tmp_path):
+    import subprocess
+    import sys
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dep = ws / ".cache" / "c1" / "doit.sqlite3"
+    holder = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "procs" / "hold_sqlite_write.py"),
+                               str(dep), "exclusive"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        held = kit.doit("build", "case=c1", workspace=ws)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    _one_line_error(held, "LOCK_TIMEOUT")
+    assert dep.exists()
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
