@@ -425,6 +425,11 @@ def _link_new(
             except FileExistsError:
                 raise _NameExists(digest) from None
             except OSError as rename_exc:
+                if rename_exc.errno in (errno.EINVAL, errno.ENOSYS):
+                    raise CaseBuildError(
+                        "IO_ERROR", "this filesystem has neither hard links nor an exclusive rename; "
+                        "nothing can be written there without risking an overwrite", path=label,
+                    ) from None
                 raise _io_error("renaming the new file into place", rename_exc, label) from None
             temp_present = False
         if crash_after_link:
