@@ -119,7 +119,8 @@ def _start_server(threads: int):
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        # Byte-code caching on, as on a normal install (see bench_build).
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "PYTHONPATH": str(REPO)},
     )
     line = proc.stderr.readline().decode()
     match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)

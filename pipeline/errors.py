@@ -21,7 +21,7 @@ __all__ = [
     "one_line",
 ]
 
-#: code -> one-line meaning. The README's error table is generated from this.
+#: code -> one-line meaning. The README's error table says exactly this (a test holds them equal).
 ERROR_CODES: dict[str, str] = {
     # command line and workspace
     "INVALID_ARGUMENT": "a command variable is missing or malformed",
@@ -35,7 +35,7 @@ ERROR_CODES: dict[str, str] = {
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
     # archive admission (RELIABILITY.md 1-17)
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
-    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, or holds backslashes, drive letters, NUL or control characters",
+    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is not UTF-8, holds backslashes, drive letters, NUL, control or bidi characters or empty/. parts, or is too deep or long",
     "ZIP_DUPLICATE_NAME": "two entries share a name",
     "ZIP_NAME_COLLISION": "two entry names are equal after Unicode NFC and case folding",
     "ZIP_SPECIAL_FILE": "an entry is a symlink, FIFO or device",
@@ -70,7 +70,7 @@ ERROR_CODES: dict[str, str] = {
     # references inside a package (RELIABILITY.md 27-29)
     "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink",
     "REFERENCE_MISSING": "a reference names a file absent from the manifest",
-    "DUPLICATE_SOURCE": "the same source is listed twice within one index role",
+    "DUPLICATE_SOURCE": "the same source is listed twice, within one index role or in two roles",
     # lifecycle (section 4)
     "ILLEGAL_TRANSITION": "the case's state does not allow this step",
     "STALE_GENERATION": "the case moved to another generation since the work was prepared",
@@ -79,7 +79,7 @@ ERROR_CODES: dict[str, str] = {
     "NOT_BUILT": "the case has no built case document yet",
     "INCOMPATIBLE_CASE": "a prior case document has an unsupported contract",
     # research (section 7)
-    "RESEARCH_UNAVAILABLE": "the research provider timed out, was unreachable or has no answer yet",
+    "RESEARCH_UNAVAILABLE": "reserved for the research provider (ARCHITECTURE section 7, not built yet): timed out, unreachable or no answer yet",
     "RESEARCH_INVALID": "the research result is malformed or does not match the request",
     # verifier and probes (section 9)
     "INVALID_VERIFICATION_REQUEST": "invalid task verification request",

@@ -35,10 +35,9 @@ unknown fields at any level; ``case_id``, ``response_text``,
 ``evidence_artifact_ref`` and ``expected_text`` not blank (empty or whitespace
 only); ``latency_micros`` an integer >= 0; ``minimum_quality_millis`` an
 integer 0-1000; ``mode`` one of the two modes; ``field_path`` required and
-non-blank for ``JSON_FIELD_EQUALS``, absent or ``""`` for ``EXACT_TEXT`` (a
-path there would be silently meaningless, so it is refused); a ``field_path``
-starting with ``/`` must be a syntactically valid pointer (``~`` only as
-``~0``/``~1``).
+non-blank for ``JSON_FIELD_EQUALS``, and ignored for ``EXACT_TEXT`` (as the
+README and the schema say); a ``JSON_FIELD_EQUALS`` ``field_path`` starting
+with ``/`` must be a syntactically valid pointer (``~`` only as ``~0``/``~1``).
 
 Server choice
 -------------

@@ -15,6 +15,11 @@ def test_every_error_code_is_listed_in_the_readme():
     assert listed == set(ERROR_CODES)
 
 
+def test_the_readme_gives_each_code_the_meaning_the_code_registry_gives():
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| (.*) \|$", README, re.M))
+    assert {code: rows.get(code) for code in ERROR_CODES} == ERROR_CODES
+
+
 def test_quick_start_is_two_commands_and_ci_runs_the_second():
     quick = README.split("## Quick start", 1)[1].split("##", 1)[0]
     block = quick.split("```sh", 1)[1].split("```", 1)[0]
