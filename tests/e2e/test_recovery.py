@@ -4,10 +4,13 @@ is one line, superseded inputs are visible."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 from pipeline.build import CaseBuilder
@@ -32,6 +35,20 @@ def _one_line_error(result, code: str) -> str:
     lines = [line for line in result.stderr.splitlines() if line.startswith(code + ": ")]
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+@contextlib.contextmanager
+def _sqlite_held_by_another_process(database: Path, *mode: str):
+    """A real process holding ``database``'s write lock (or, with "exclusive", every lock) meanwhile."""
+    holder = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "procs" / "hold_sqlite_write.py"),
+                               str(database), *mode], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
 
 
 def _report_append(tmp_path: Path, name: str, listed: list[str]) -> Path:
@@ -377,15 +394,8 @@ def test_a_finished_build_whose_dep_file_cannot_be_saved_still_succeeds(tmp_path
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
     extra = _report_append(tmp_path, "r8", [])
     assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
-    holder = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "procs" / "hold_sqlite_write.py"),
-                               str(ws / ".cache" / "c1" / "doit.sqlite3")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with _sqlite_held_by_another_process(ws / ".cache" / "c1" / "doit.sqlite3"):
         built = kit.doit("build", "case=c1", workspace=ws)
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     assert built.returncode == 0, built.stderr
     assert "Traceback" not in built.stderr
     assert "warning: IO_ERROR: the build's dependency file was not saved" in built.stderr
@@ -672,15 +682,8 @@ def test_a_dep_file_another_process_holds_is_one_coded_line_and_kept(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     dep = ws / ".cache" / "c1" / "doit.sqlite3"
-    holder = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "procs" / "hold_sqlite_write.py"),
-                               str(dep), "exclusive"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with _sqlite_held_by_another_process(dep, "exclusive"):
         held = kit.doit("build", "case=c1", workspace=ws)
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     _one_line_error(held, "LOCK_TIMEOUT")
     assert dep.exists()
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
