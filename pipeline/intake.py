@@ -771,20 +771,33 @@ def _io_error(what: str, exc: OSError, path: str | None = None) -> AdmissionErro
 _OWNER_SUFFIX = ".owner"
 
 
+class _OwnerTaken(Exception):
+    """Between creating an owner file and locking it, a cleaner took it for a
+    dead writer's (locked it, or already removed it): try another name."""
+
+
 def _hold_owner_lock(path: Path) -> int:
     """Create and flock ``path``: the sign that a staging tree's writer lives.
 
     A flock is released by the kernel when its holder dies, whatever pid
     namespace it ran in; a pid is not (two containers sharing one workspace
-    do not see each other's processes)."""
+    do not see each other's processes). The file is visible a moment before
+    it is locked, so a cleaner may take it in between: then the lock is not
+    ours, or is on a file no longer linked, and :class:`_OwnerTaken` asks
+    for a fresh name. A file that is ours, locked and still linked is one no
+    cleaner will remove."""
     import fcntl
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _OwnerTaken() from None  # the cleaner holds it, and will remove it
+        if os.fstat(fd).st_nlink == 0:
+            raise _OwnerTaken()  # the cleaner removed it before we locked it
     except BaseException:
         os.close(fd)
-        os.unlink(path)
         raise
     return fd
 
@@ -811,21 +824,43 @@ class _Staging:
                 except FileExistsError:
                     pass
         _require_real_dir(root, root.name)
-        self.path = root / f"{kind}-{ident}-{os.getpid()}-{secrets.token_hex(6)}"
-        self._owner_path = root / (self.path.name + _OWNER_SUFFIX)
-        try:
-            self._owner_fd: int | None = _hold_owner_lock(self._owner_path)
-        except OSError as exc:
-            raise _io_error("creating a staging directory", exc, str(root.name)) from None
-        for _ in range(5):
+        self._owner_fd: int | None = None
+        for _ in range(20):
+            self.path = root / f"{kind}-{ident}-{os.getpid()}-{secrets.token_hex(6)}"
+            self._owner_path = root / (self.path.name + _OWNER_SUFFIX)
             try:
-                self.path.mkdir()
+                self._owner_fd = _hold_owner_lock(self._owner_path)
                 break
+            except _OwnerTaken:
+                continue
             except FileNotFoundError:  # a concurrent cleanup removed the empty root
                 root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self._remove_created_roots()
+                raise _io_error("creating a staging directory", exc, str(root.name)) from None
         else:  # pragma: no cover
+            self._remove_created_roots()
             raise AdmissionError("IO_ERROR", "cannot create a staging directory", path=str(root.name))
+        # The owner file keeps the root non-empty, so no cleanup removes it now.
+        try:
+            self.path.mkdir()
+        except BaseException as exc:
+            self._release_owner()
+            self._remove_created_roots()
+            if isinstance(exc, OSError):
+                raise _io_error("creating a staging directory", exc, str(root.name)) from None
+            raise
         self.dirs: set[Path] = {self.path}
+
+    def _release_owner(self) -> None:
+        """Unlink the owner file, then let go of its lock (the tree is gone or never was)."""
+        if self._owner_fd is not None:
+            try:
+                os.unlink(self._owner_path)
+            except OSError:
+                pass
+            os.close(self._owner_fd)
+            self._owner_fd = None
 
     def makedirs(self, directory: Path) -> None:
         missing = []
@@ -840,13 +875,10 @@ class _Staging:
     def cleanup(self) -> None:
         if self.path.exists():
             shutil.rmtree(self.path, ignore_errors=True)
-        if self._owner_fd is not None:
-            try:
-                os.unlink(self._owner_path)
-            except OSError:
-                pass
-            os.close(self._owner_fd)
-            self._owner_fd = None
+        self._release_owner()
+        self._remove_created_roots()
+
+    def _remove_created_roots(self) -> None:
         doomed = list(reversed(self._created))
         if self._remove_empty_root and self.root not in doomed:
             doomed.insert(0, self.root)
@@ -873,8 +905,8 @@ def _remove_stale_staging(staging_root: Path) -> None:
         if name.endswith(_OWNER_SUFFIX) and _STAGE_RE.fullmatch(name[: -len(_OWNER_SUFFIX)]):
             tree = name[: -len(_OWNER_SUFFIX)]
         elif _STAGE_RE.fullmatch(name):
-            if name + _OWNER_SUFFIX in names:
-                continue  # decided with its owner file
+            if name + _OWNER_SUFFIX in names or os.path.lexists(staging_root / (name + _OWNER_SUFFIX)):
+                continue  # decided with its owner file (the listing may predate it)
             if not _pid_alive(int(_STAGE_RE.fullmatch(name).group(2))):
                 shutil.rmtree(staging_root / name, ignore_errors=True)
             continue

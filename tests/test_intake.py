@@ -734,3 +734,40 @@ def test_an_admission_clears_staging_trees_of_dead_admissions_even_when_it_fails
     assert info.value.code == "INTEGRITY_ERROR"
     assert not stale.exists() and live.is_dir()
     assert not ws.case_dir("second").exists()
+
+
+def test_admissions_racing_a_cleaner_that_sees_no_live_pid_all_succeed(tmp_path):
+    """A staging tree's owner flock keeps it from a cleaner that cannot see its
+    writer's pid (another pid namespace): no live tree is ever taken."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, doit_env
+
+    script = str(REPO / "tests" / "procs" / "staging_race.py")
+    source = tmp_path / "src"
+    (source / "original").mkdir(parents=True)
+    (source / "manifest.json").write_text(json.dumps({
+        "format": "viano-package", "format_version": 1, "package_id": "p", "project": {"name": "n", "version": "1"},
+        "analysis_revision": 1, "artifacts": {}}))
+    (source / "original" / "a.txt").write_bytes(b"x" * 1000)
+    ws, stop = tmp_path / "ws", tmp_path / "stop"
+    (ws / ".staging").mkdir(parents=True)
+    cleaner = subprocess.Popen([sys.executable, script, "clean", str(ws / ".staging"), str(stop)], env=doit_env())
+    try:
+        admitters = [subprocess.Popen([sys.executable, script, "admit", str(ws), str(source), "60"],
+                                      stdout=subprocess.PIPE, text=True, env=doit_env()) for _ in range(3)]
+        outputs = [a.communicate(timeout=300)[0] for a in admitters]
+    finally:
+        stop.touch()
+        cleaner.wait(timeout=60)
+    assert [out.splitlines()[0] for out in outputs] == ["0", "0", "0"], outputs
+    cases = sorted((ws / "cases").iterdir())
+    assert len(cases) == 180
+    for case in cases:
+        manifest = json.loads(next((case / "packages" / "p" / "manifests").iterdir()).read_text())
+        for path in manifest["files"]:
+            assert (case / "packages" / "p" / "content" / path).is_file()
+    staging = ws / ".staging"
+    assert not staging.exists() or not list(staging.iterdir())  # nothing left behind
