@@ -12,6 +12,7 @@ and a crash after publication is confirmed on retry (see recovery.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -76,6 +77,9 @@ def open_existing_store(ws, case_id: str):
     from .errors import LifecycleError
     from .lifecycle import CheckpointStore
 
+    if os.path.lexists(ws.root) and not os.path.isdir(ws.root):
+        # As admission says it: a workspace that is a file holds no case.
+        raise VianoError("INVALID_ARGUMENT", "the workspace is not a directory", path=os.fspath(ws.root))
     if not ws.store_path.exists():
         raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)")
     store = CheckpointStore(ws)

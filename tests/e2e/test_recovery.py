@@ -687,3 +687,15 @@ def test_a_dep_file_another_process_holds_is_one_coded_line_and_kept(tmp_path):
     _one_line_error(held, "LOCK_TIMEOUT")
     assert dep.exists()
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+
+
+def test_every_command_on_a_workspace_that_is_a_file_says_so_alike(tmp_path):
+    not_a_dir = tmp_path / "ws"
+    not_a_dir.write_bytes(b"a file")
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T")}, index=kit.index(reports=["original/r.json"]))
+    for args in (("admit", "case=c1", f"source={source}"), ("build", "case=c1"), ("status", "case=c1"),
+                 ("append", "case=c1", f"source={source}"), ("reopen", "case=c1", "by=human:a", "reason=r"),
+                 ("export", "case=c1", f"dest={tmp_path / 'out'}"), ("probes", "case=c1")):
+        line = _one_line_error(kit.doit(*args, workspace=not_a_dir), "INVALID_ARGUMENT")
+        assert "not a directory" in line, (args, line)
+    assert not_a_dir.read_bytes() == b"a file" and not (tmp_path / "out").exists()
