@@ -377,7 +377,9 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     }
     try:
         if destination.exists() and not destination.is_dir():
-            raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
+            raise VianoError("INVALID_ARGUMENT", f"dest {one_line(str(dest))} exists and is not a directory")
+        if destination.is_symlink() and not destination.exists():
+            raise VianoError("INVALID_ARGUMENT", f"dest {one_line(str(dest))} is a symbolic link to nothing")
         for name, data in outputs.items():
             target = destination / name
             if target.is_symlink() or (target.exists() and not target.is_file()):

@@ -699,3 +699,13 @@ def test_every_command_on_a_workspace_that_is_a_file_says_so_alike(tmp_path):
         line = _one_line_error(kit.doit(*args, workspace=not_a_dir), "INVALID_ARGUMENT")
         assert "not a directory" in line, (args, line)
     assert not_a_dir.read_bytes() == b"a file" and not (tmp_path / "out").exists()
+
+
+def test_export_to_a_dangling_symlink_says_what_it_is(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "link"
+    dest.symlink_to(tmp_path / "nowhere")
+    line = _one_line_error(kit.doit("export", "case=c1", f"dest={dest}", workspace=ws), "INVALID_ARGUMENT")
+    assert "symbolic link to nothing" in line
+    assert dest.is_symlink() and not (tmp_path / "nowhere").exists()
