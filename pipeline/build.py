@@ -40,19 +40,19 @@ __all__ = [
 
 _HELD: dict[tuple[str, str], object] = {}
 
-# The case assemble built in this process, under the sha256 of the bytes it
-# wrote: render and publish run right after it in the same doit process, and
-# decoding megabytes of JSON back into the very same dict costs each of them
-# milliseconds. Keyed by content, so a record changed in between is decoded.
-_ASSEMBLED: dict[str, dict] = {}
+# The case assemble built in this process, with the bytes it wrote: render
+# and publish run right after it in the same doit process, and decoding
+# megabytes of JSON back into the very same dict costs each of them
+# milliseconds. Matched by content, so a record changed in between is decoded.
+_ASSEMBLED: list[tuple[bytes, dict]] = []
 
 
 def _case_from(data: bytes) -> dict:
     import msgspec
 
-    case = _ASSEMBLED.get(sha256_hex(data))
-    if case is not None:
-        return case
+    for written, case in _ASSEMBLED:
+        if written == data:
+            return case
     try:
         return msgspec.json.decode(data)
     except msgspec.DecodeError as error:
@@ -322,6 +322,7 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     reproduction as its fragment (all assemble needs of it, before ids), any
     other document as the parsed value."""
     from .assemble import document_fragment
+    from .jsoncanon import float_free
     from .reader import read_document
 
     limits = limits or CaseBuilderLimits()
@@ -338,7 +339,12 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
             raise CaseBuildError("LIMIT_EXCEEDED", f"{size} bytes, limit {bound}", path=path)
         document = read_document(data, contract, path=path, max_bytes=bound)
         role = _FRAGMENT_ROLES.get(contract)
-        record = {"document": document} if role is None else {"fragment": document_fragment(role, path, document, inline)}
+        if role is None:
+            record = {"document": document}
+        else:
+            fragment = document_fragment(role, path, document, inline)
+            # Measured once here, so encoding the case need not walk it all again (pretty_bytes).
+            record = {"fragment": fragment, "float_free": float_free(fragment)}
     except VianoError as error:
         # Recorded, not raised: a document inherited from an earlier index may be
         # dropped (SUPERSEDED_INPUT) by assemble; one the current index lists
@@ -359,10 +365,14 @@ def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -
     cache.write_json(cache.opaque(path, sha256, size), {"path": path, "sha256": sha256, "size": size})
 
 
-def _snapshot(cache: BuildCache, plan: dict) -> dict:
-    """Gather the cached, verified inputs into the assembler's snapshot."""
+def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
+    """Gather the cached, verified inputs into the assembler's snapshot; also
+    say whether it holds no float (then neither does the case it assembles)."""
+    from .jsoncanon import float_free
+
     documents = {}
     dropped = []
+    fragments_float_free = True
     for doc in plan["documents"]:
         record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
         if not record_path.exists():
@@ -374,7 +384,11 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
                 raise CaseBuildError(problem["code"], problem["message"], path=problem.get("path"), pointer=problem.get("pointer"))
             dropped.append(doc)
             continue
-        body = {"fragment": record["fragment"]} if "fragment" in record else {"document": record["document"]}
+        if "fragment" in record:
+            body = {"fragment": record["fragment"]}
+            fragments_float_free = fragments_float_free and record.get("float_free") is True
+        else:
+            body = {"document": record["document"]}
         documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, **body}
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
@@ -448,7 +462,7 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
             raise CaseBuildError("INTEGRITY_ERROR", "the prior case was not read", path=plan["prior_case"]["path"])
         prior = {**plan["prior_case"], "document": cache.read_json_fast(view)}
 
-    return {
+    snapshot = {
         "manifest": {
             "case_id": plan["case_id"],
             "package_id": plan["package_id"],
@@ -470,6 +484,15 @@ def _snapshot(cache: BuildCache, plan: dict) -> dict:
         "superseded": superseded,
         "prior_case": prior,
     }
+    # The assembler makes no float of its own: every value of the case comes
+    # from the snapshot or is a count, an id or a text it builds. The fragments
+    # were measured when read; the rest (small) is measured here.
+    rest_float_free = fragments_float_free and all(
+        float_free(value) if key not in ("reports", "reproductions")
+        else all(float_free({k: v for k, v in entry.items() if k != "fragment"}) for entry in value)
+        for key, value in snapshot.items()
+    )
+    return snapshot, rest_float_free
 
 
 def _reproduction_refs(entry: dict) -> dict:
@@ -543,14 +566,14 @@ def step_assemble(workspace_root, case_id) -> None:
         _check_case_contract(None, data, plan["outputs"]["case"])
         cache.write(cache.case_json, data)
         return
-    case = assemble(_snapshot(cache, plan))
-    data = pretty_bytes(case)
+    snapshot, snapshot_float_free = _snapshot(cache, plan)
+    case = assemble(snapshot)
+    data = pretty_bytes(case, known_float_free=snapshot_float_free)
     _check_case_contract(case, data, plan["outputs"]["case"])
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
     cache.write(cache.case_json, data)
-    _ASSEMBLED.clear()
-    _ASSEMBLED[sha256_hex(data)] = case
+    _ASSEMBLED[:] = [(data, case)]
 
 
 def _reusing(cache: BuildCache) -> bool:
@@ -591,7 +614,7 @@ def _check_case_contract(case: dict | None, data: bytes, path: str) -> None:
 
 def step_render(workspace_root, case_id) -> None:
     """render: the summary from case.json only (pure render_summary)."""
-    from .summary import render_summary
+    from .summary import EscapeMemo, render_summary
 
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
@@ -600,10 +623,24 @@ def step_render(workspace_root, case_id) -> None:
         cache.write(cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
     case = _case_from(cache.read_bytes(cache.case_json))  # written by assemble, already checked against case-v1
-    data = render_summary(case).encode("utf-8")
+    memo = EscapeMemo(_read_escape_memo(cache))
+    data = render_summary(case, memo).encode("utf-8")
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
     cache.write(cache.summary, data)
+    if memo.used != memo.earlier:
+        try:
+            cache.write_msgpack(cache.escape_memo, memo.used)
+        except OSError:
+            pass  # only a head start for the next render
+
+
+def _read_escape_memo(cache: BuildCache) -> dict[str, str]:
+    """The previous render's escapes, or none when absent or unreadable."""
+    try:
+        return cache.read_msgpack(cache.escape_memo, dict[str, str])
+    except (OSError, VianoError):
+        return {}
 
 
 def _case_built(plan: dict, case_bytes: bytes, summary_bytes: bytes) -> bytes:

@@ -80,6 +80,12 @@ class BuildCache:
         return self.root / "out" / "case_summary.md"
 
     @property
+    def escape_memo(self) -> Path:
+        """The escaped long strings of the last render (:class:`pipeline.summary.EscapeMemo`),
+        under the builder code that escaped them."""
+        return self.root / "out" / f"escapes.{self._code}.msgpack"
+
+    @property
     def published(self) -> Path:
         return self.root / "out" / "published.json"
 
@@ -149,6 +155,17 @@ class BuildCache:
         import msgspec
 
         return self._read(path, msgspec.json.decode)
+
+    def read_msgpack(self, path: Path, kind):
+        """A MessagePack record decoded as ``kind`` (a wrong shape is a corrupt record)."""
+        import msgspec
+
+        return self._read(path, lambda data: msgspec.msgpack.decode(data, type=kind))
+
+    def write_msgpack(self, path: Path, value) -> None:
+        import msgspec
+
+        self.write(path, msgspec.msgpack.encode(value))
 
     def _read(self, path: Path, decode):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))

@@ -282,7 +282,7 @@ def _encode_sorted(value: Any) -> bytes:
     return _sorted_encoder(value)
 
 
-def _float_free(value: Any) -> bool:
+def float_free(value: Any) -> bool:
     """Whether ``value`` is JSON made of str-keyed objects, arrays, strings,
     integers, booleans and null only: there msgspec's sorted compact encoding
     is byte for byte the stdlib's (same string escapes, same code point key
@@ -295,12 +295,12 @@ def _float_free(value: Any) -> bool:
         for key, item in value.items():
             if type(key) is not str:
                 return False
-            if type(item) is not str and not _float_free(item):
+            if type(item) is not str and not float_free(item):
                 return False
         return True
     if kind is list or kind is tuple:
         for item in value:
-            if type(item) is not str and not _float_free(item):
+            if type(item) is not str and not float_free(item):
                 return False
         return True
     return False
@@ -308,7 +308,7 @@ def _float_free(value: Any) -> bool:
 
 def canonical_bytes(value: Any) -> bytes:
     """The canonical encoding used for every hash: sorted, compact, UTF-8."""
-    if _float_free(value):
+    if float_free(value):
         return _encode_sorted(value)
     return json.dumps(
         _normalise_numbers(value),
@@ -340,7 +340,7 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pretty_bytes(value: Any) -> bytes:
+def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:
     """Published-document form: sorted keys, two-space indent, trailing newline.
 
     Byte-identical to ``json.dumps(value, sort_keys=True, indent=2,
@@ -348,10 +348,12 @@ def pretty_bytes(value: Any) -> bytes:
     about ten times faster: the stdlib falls back to its pure-Python encoder
     whenever ``indent`` is set, so we encode compactly in C and let msgspec
     re-indent the result, which copies every scalar token verbatim.
+    ``known_float_free=True`` is the caller's word that ``value`` is made as
+    :func:`float_free` requires, which spares walking it again.
     """
     import msgspec  # lazily: a no-op rebuild never formats, and the import costs ~15 ms
 
-    if _float_free(value):
+    if known_float_free or float_free(value):
         compact = _encode_sorted(value)
     else:
         compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")

@@ -40,6 +40,7 @@ citations are therefore inert text, not links.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import re
@@ -49,6 +50,7 @@ from typing import Any
 from .jsoncanon import canonical_bytes
 
 __all__ = [
+    "EscapeMemo",
     "LINE_BREAK_MARKER",
     "NONE_SUPPLIED",
     "SECTION_HEADINGS",
@@ -166,16 +168,8 @@ def _whitespace_ref(char: str) -> str:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def escape_inline(text: str) -> str:
-    """Escape one supplied string into inert single-line Markdown.
-
-    The result is one paragraph or table cell whose rendered text is
-    ``visible_text(text)``: no HTML, link, image, autolink, emphasis, code,
-    heading, list, quote or footnote can arise from it, and no code either
-    but one kind: every ASCII punctuation character is backslash-escaped,
-    except ``@``, of which each run becomes a code span, because GitHub's
-    e-mail autolinking runs on the unescaped text (see ``_backslashed``).
-    """
+def _escape_inline(text: str) -> str:
+    """:func:`escape_inline` itself, without the memo."""
     if not isinstance(text, str):
         raise TypeError(f"escape_inline expects str, not {type(text).__name__}")
     shown = visible_text(text)
@@ -191,6 +185,54 @@ def escape_inline(text: str) -> str:
         + _PUNCTUATION_RE.sub(_backslashed, core)
         + "".join(_whitespace_ref(c) for c in shown[end:])
     )
+
+
+class EscapeMemo:
+    """Escaped forms of long supplied strings, carried from one render to the next.
+
+    Escaping is a pure function of the string, and the render of a rebuild
+    after an append escapes again nearly every string the previous render did:
+    megabytes of text, most of a render's time. ``earlier`` holds pairs an
+    earlier render collected (the caller vouches for them, as for any cache
+    record); :attr:`used` collects the long strings this render escaped, with
+    their escaped forms, which is what the next render should be given.
+    """
+
+    #: Shorter strings (ids, pointers, sizes) repeat and are cheap: the
+    #: in-process cache covers them.
+    MIN_LENGTH = 8
+
+    def __init__(self, earlier: dict[str, str] | None = None) -> None:
+        self.earlier = earlier or {}
+        self.used: dict[str, str] = {}
+
+    def escape(self, text: str) -> str:
+        escaped = self.used.get(text)
+        if escaped is None:
+            escaped = self.earlier.get(text)
+            if escaped is None:
+                escaped = _escape_inline(text)
+            self.used[text] = escaped
+        return escaped
+
+
+_ACTIVE_MEMO: contextvars.ContextVar[EscapeMemo | None] = contextvars.ContextVar("viano_escape_memo", default=None)
+
+
+def escape_inline(text: str) -> str:
+    """Escape one supplied string into inert single-line Markdown.
+
+    The result is one paragraph or table cell whose rendered text is
+    ``visible_text(text)``: no HTML, link, image, autolink, emphasis, code,
+    heading, list, quote or footnote can arise from it, and no code either
+    but one kind: every ASCII punctuation character is backslash-escaped,
+    except ``@``, of which each run becomes a code span, because GitHub's
+    e-mail autolinking runs on the unescaped text (see ``_backslashed``).
+    """
+    memo = _ACTIVE_MEMO.get()
+    if memo is not None and type(text) is str and len(text) >= EscapeMemo.MIN_LENGTH:
+        return memo.escape(text)
+    return _escape_inline(text)
 
 
 # --- value formatting -------------------------------------------------------
@@ -532,12 +574,21 @@ def _inputs(case: dict) -> list[str]:
     return [_table(["Role", "Path", "SHA-256", "Size (bytes)"], rows)]
 
 
-def render_summary(case: dict) -> str:
+def render_summary(case: dict, memo: EscapeMemo | None = None) -> str:
     """Render ``case`` as Markdown; same case, same string; ends with one newline.
 
     ``case`` must have the pinned shape (a missing required field raises
-    ``KeyError``); it is read only, never modified.
+    ``KeyError``); it is read only, never modified. A ``memo`` only saves
+    work: the string is the same with any memo whose pairs are true escapes.
     """
+    token = _ACTIVE_MEMO.set(memo)
+    try:
+        return _render(case)
+    finally:
+        _ACTIVE_MEMO.reset(token)
+
+
+def _render(case: dict) -> str:
     blocks: list[str] = [_heading(1, "Case summary"), _PREAMBLE]
     sections = (
         ("Case identity", _identity),

@@ -843,7 +843,8 @@ _rich_statement_st = st.fixed_dictionaries(
         "author": st.text(max_size=4),
         "observed_at": st.just("2026-03-14T07:00:12+01:00"),
         "claim": st.fixed_dictionaries({"key": st.sampled_from(["k1", "k2"]),
-                                        "value": st.one_of(st.integers(0, 2), st.text(max_size=30), st.lists(st.booleans(), max_size=2))}),
+                                        "value": st.one_of(st.integers(0, 2), st.text(max_size=30), st.lists(st.booleans(), max_size=2),
+                                                           st.floats(allow_nan=False, allow_infinity=False))}),
     },
 )
 _rich_report_st = st.builds(
@@ -859,7 +860,8 @@ _rich_repro_st = st.builds(
     lambda steps, o, f, events: reproduction(steps=steps, observations=o, facts=f, **({"events_ref": events} if events else {})),
     st.lists(st.text(max_size=5), max_size=2), st.lists(_rich_statement_st, max_size=2),
     st.lists(st.fixed_dictionaries({"name": st.sampled_from(["x", "y"]),
-                                    "value": st.one_of(st.integers(), st.text(max_size=40), st.none())}), max_size=3),
+                                    "value": st.one_of(st.integers(), st.text(max_size=40), st.none(),
+                                                       st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=2))}), max_size=3),
     st.sampled_from([None, "runtime/events.log"]),
 )
 
@@ -879,6 +881,24 @@ def test_cached_fragments_assemble_exactly_like_documents(docs, limit):
             fragment = document_fragment(role, entry["path"], entry.pop("document"), limit)
             entry["fragment"] = json.loads(json.dumps(fragment))  # as the build cache stores it
     assert pretty_bytes(assemble(cached)) == pretty_bytes(assemble(plain))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.tuples(st.just("report"), _rich_report_st), st.tuples(st.just("repro"), _rich_repro_st)), max_size=6),
+       st.integers(2, 40))
+def test_the_assembler_makes_no_float_of_its_own(docs, limit):
+    """The build skips the float walk when its snapshot holds no float
+    (pipeline.build._snapshot); that is sound only if assemble adds none."""
+    from pipeline.jsoncanon import float_free
+
+    reports = [(f"doc/{i}", d, i) for i, (role, d) in enumerate(docs) if role == "report"]
+    repros = [(f"doc/{i}", d, i) for i, (role, d) in enumerate(docs) if role == "repro"]
+    snap = snapshot(reports, repros, files=["runtime/events.log"], limit=limit)
+    case = assemble(snap)
+    if float_free(snap):
+        assert float_free(case)
+        assert pretty_bytes(case, known_float_free=True) == pretty_bytes(case)
+    assert pretty_bytes(case) == (json.dumps(case, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def test_a_fragment_made_for_another_inline_limit_is_refused():

@@ -74,3 +74,21 @@ def test_a_dep_file_locked_by_another_process_is_not_taken_for_damage(tmp_path):
     dep.write_bytes(b"this is not sqlite" * 100)
     _discard_if_corrupt(dep)
     assert not dep.exists()
+
+
+def test_an_unreadable_escape_memo_is_no_memo(tmp_path):
+    from pipeline.build import _read_escape_memo
+
+    cache = BuildCache(tmp_path)
+    assert _read_escape_memo(cache) == {}  # absent
+    cache.write_msgpack(cache.escape_memo, {"a long supplied text": "a long supplied text"})
+    assert _read_escape_memo(cache) == {"a long supplied text": "a long supplied text"}
+    for damaged in (b"\xc1garbage", b"", msgspec_bytes({"text": 3}), msgspec_bytes(["a", "b"])):
+        cache.write(cache.escape_memo, damaged)
+        assert _read_escape_memo(cache) == {}
+
+
+def msgspec_bytes(value) -> bytes:
+    import msgspec
+
+    return msgspec.msgpack.encode(value)

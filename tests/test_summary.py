@@ -24,6 +24,7 @@ from markdown_it import MarkdownIt
 import cmarkgfm
 from cmarkgfm.cmark import Options as CmarkOptions
 
+from pipeline import summary
 from pipeline.summary import (
     LINE_BREAK_MARKER,
     NONE_SUPPLIED,
@@ -222,7 +223,7 @@ def _reference_escape(text: str) -> str:
 @settings(max_examples=1500, deadline=None)
 @given(text=st.one_of(TEXT, st.text(alphabet=st.characters(max_codepoint=0x3000)), st.text(alphabet=st.characters(min_codepoint=0x2000, max_codepoint=0xE000))))
 def test_fast_escaper_equals_its_definition(text):
-    assert escape_inline.__wrapped__(text) == _reference_escape(text)
+    assert summary._escape_inline.__wrapped__(text) == _reference_escape(text)
 
 
 def test_visible_text_folding_rule():
@@ -589,6 +590,23 @@ def test_deterministic_and_does_not_mutate():
     assert render_summary(copy.deepcopy(case)) == first
     assert render_summary(case).encode("utf-8") == first.encode("utf-8")
     assert case == before
+
+
+def test_an_escape_memo_changes_no_output_and_carries_what_was_escaped():
+    case = full_case()
+    plain = render_summary(case)
+    first = summary.EscapeMemo()
+    assert render_summary(case, first) == plain
+    long_texts = {t for t in first.used}
+    assert "I saw red" in long_texts and all(len(t) >= summary.EscapeMemo.MIN_LENGTH for t in long_texts)
+    assert all(first.used[t] == summary._escape_inline(t) for t in long_texts)
+    second = summary.EscapeMemo(dict(first.used))
+    assert render_summary(case, second) == plain
+    assert second.used == second.earlier  # nothing new: the build keeps the record as it is
+    # Strings of an earlier render that this one does not show are not carried on.
+    stale = summary.EscapeMemo({"gone from the case": "x", **first.used})
+    assert render_summary(case, stale) == plain and "gone from the case" not in stale.used
+    assert summary._ACTIVE_MEMO.get() is None  # no memo is left active for later escapes
 
 
 def test_dict_order_does_not_matter():

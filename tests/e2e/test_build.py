@@ -401,3 +401,29 @@ def test_the_deepest_claim_values_the_reader_accepts_build_and_probe(tmp_path):
     probed = kit.doit("probes", "case=c1", workspace=ws)
     assert "JSON_TOO_DEEP" not in probed.stderr and "Traceback" not in probed.stderr, probed.stderr
     assert probed.stdout.strip()
+
+
+def test_floats_in_supplied_values_are_published_as_the_stdlib_writes_them(tmp_path):
+    """Encoding skips its float walk when every fragment was measured float-free
+    when read; a float anywhere must still take the reference (stdlib) path,
+    whose exponent spelling msgspec does not share (1e+16 against 1e16)."""
+    ws = tmp_path / "ws"
+    floats = [1e16, 0.1, -2.5e-07, 1.0, 123456789012345680.0]
+    files = {
+        "original/r.json": kit.report("Floats", observations=[
+            {"text": f"reading {i}", "claim": {"key": f"k{i}", "value": value}} for i, value in enumerate(floats)
+        ]),
+        "original/plain.json": kit.report("No floats", observations=[{"text": "x", "claim": {"key": "n", "value": 10**15}}]),
+        "original/p.json": kit.reproduction(facts=[{"name": "ratio", "value": {"nested": [3.5e-300, 2]}}]),
+    }
+    idx = kit.index(reports=["original/plain.json", "original/r.json"], reproductions=["original/p.json"])
+    source = kit.make_package(tmp_path / "src", files=files, index=idx)
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    published = (kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_bytes()
+    value = json.loads(published)
+    assert published == (json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    assert b"1e+16" in published and b"-2.5e-07" in published
+    claims = [o["claim"]["value"] for o in value["human_observations"]["observations"] if o["claim"]["key"].startswith("k")]
+    assert claims == floats
