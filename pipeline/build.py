@@ -35,6 +35,7 @@ __all__ = [
     "step_publish",
     "publish_is_current",
     "document_readers",
+    "leave_prior_view",
     "report_build",
 ]
 
@@ -628,7 +629,7 @@ def step_render(workspace_root, case_id) -> None:
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
     cache.write(cache.summary, data)
-    if memo.used != memo.earlier:
+    if memo.worth_keeping():
         try:
             cache.write_msgpack(cache.escape_memo, memo.used)
         except OSError:
@@ -719,21 +720,32 @@ def step_publish(workspace_root, case_id) -> BuildResult:
         finally:
             store.close()
     cache.write_json(cache.published, {"request_hash": plan["request_hash"], "step_id": plan["step_id"], **result})
-    if result["status"] == "published":
-        _leave_prior_view(cache, outputs["case"], case_bytes)
     return result
 
 
-def _leave_prior_view(cache: BuildCache, path: str, case_bytes: bytes) -> None:
-    """The view the next revision's build reads of this case (pipeline.prior),
-    derived now from the dict assemble left: a reopen is how every append to a
-    confirmed case starts, and its first build would otherwise verify and
-    decode the whole case again. Only a cache record: failing to write it
-    costs that build the decode, never this one its publication."""
-    from .prior import prior_case_view
+def leave_prior_view(ws, case_id: str, package) -> None:
+    """Cache the view (pipeline.prior) the next revision's builds read of the
+    case that ``package``'s current manifest names, unless it is there.
 
+    ``doit reopen`` calls this, under the case lock, as it opens the next
+    revision: only a next revision reads the view, so a build does not derive
+    it for every case it publishes, and the first build after the reopen (an
+    append's) does not have to verify and decode the whole prior case. Only a
+    cache record: any failure leaves that decode to the build, which reports
+    what it finds. Planning checks the case's size against the limits before
+    it looks in the cache, so a view cached here bypasses no limit.
+    """
     try:
-        cache.write_json_fast(cache.prior_view(path, sha256_hex(case_bytes)), prior_case_view(_case_from(case_bytes)))
+        manifest = package.manifest()
+        path = manifest.get("artifacts", {}).get("case")
+        entry = manifest["files"].get(path) if isinstance(path, str) else None
+        if entry is None:
+            return
+        cache = _cache(ws, case_id)
+        if cache.prior_view(path, entry["sha256"]).exists():
+            return
+        _read_index, read_prior_case = document_readers(package, CaseBuilderLimits(), relaxed=True, cache=cache)
+        read_prior_case({"path": path, "sha256": entry["sha256"], "size": entry["size"]}, manifest)
     except (OSError, VianoError):
         pass
 

@@ -129,8 +129,15 @@ class BuildCache:
 
     def write_json(self, path: Path, value) -> None:
         # Sorted keys make equal records byte-equal, which the content-hash
-        # checker relies on to skip tasks whose inputs did not change.
-        self.write(path, json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        # checker relies on to skip tasks whose inputs did not change. Without
+        # floats msgspec writes the stdlib's very bytes (jsoncanon), faster.
+        from .jsoncanon import encode_sorted, float_free
+
+        if float_free(value):
+            data = encode_sorted(value)
+        else:
+            data = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        self.write(path, data)
 
     def write_json_fast(self, path: Path, value) -> None:
         """:meth:`write_json` through msgspec, for records of hundreds of

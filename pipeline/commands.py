@@ -291,6 +291,7 @@ def _check_prior_roles_kept(index: dict, package, manifest: dict, revision: int,
 
 def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     """Open a new analysis revision on a built or completed case."""
+    from .build import leave_prior_view
     from .packages import PackageWriter
     from .plan import step_id_for
 
@@ -330,6 +331,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                 new_generation=new_manifest["package_generation"],
                 detail={"by": source, "reason": text},
             )
+            leave_prior_view(ws, case_id, package)
     finally:
         store.close()
     _out(

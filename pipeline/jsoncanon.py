@@ -273,7 +273,9 @@ def _normalise_numbers(value: Any) -> Any:
 _sorted_encoder = None
 
 
-def _encode_sorted(value: Any) -> bytes:
+def encode_sorted(value: Any) -> bytes:
+    """Compact, sorted keys, raw UTF-8: for values :func:`float_free` accepts,
+    byte for byte ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``."""
     global _sorted_encoder
     if _sorted_encoder is None:
         import msgspec  # lazily: a no-op rebuild never encodes, and the import costs ~15 ms
@@ -309,7 +311,7 @@ def float_free(value: Any) -> bool:
 def canonical_bytes(value: Any) -> bytes:
     """The canonical encoding used for every hash: sorted, compact, UTF-8."""
     if float_free(value):
-        return _encode_sorted(value)
+        return encode_sorted(value)
     return json.dumps(
         _normalise_numbers(value),
         sort_keys=True,
@@ -354,7 +356,7 @@ def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:
     import msgspec  # lazily: a no-op rebuild never formats, and the import costs ~15 ms
 
     if known_float_free or float_free(value):
-        compact = _encode_sorted(value)
+        compact = encode_sorted(value)
     else:
         compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
     return msgspec.json.format(compact, indent=2) + b"\n"

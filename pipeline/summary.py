@@ -205,6 +205,7 @@ class EscapeMemo:
     def __init__(self, earlier: dict[str, str] | None = None) -> None:
         self.earlier = earlier or {}
         self.used: dict[str, str] = {}
+        self.missed = 0
 
     def escape(self, text: str) -> str:
         escaped = self.used.get(text)
@@ -212,8 +213,17 @@ class EscapeMemo:
             escaped = self.earlier.get(text)
             if escaped is None:
                 escaped = _escape_inline(text)
+                self.missed += 1
             self.used[text] = escaped
         return escaped
+
+    def worth_keeping(self) -> bool:
+        """Whether :attr:`used` should replace ``earlier`` for the next render:
+        when it differs by more than an eighth either way. A rebuild after an
+        append escapes a few new strings, and the next render can escape
+        those few again more cheaply than the memo can be rewritten."""
+        stale = len(self.earlier) - (len(self.used) - self.missed)
+        return self.missed * 8 > len(self.used) or stale * 8 > len(self.earlier)
 
 
 _ACTIVE_MEMO: contextvars.ContextVar[EscapeMemo | None] = contextvars.ContextVar("viano_escape_memo", default=None)

@@ -600,12 +600,23 @@ def test_an_escape_memo_changes_no_output_and_carries_what_was_escaped():
     long_texts = {t for t in first.used}
     assert "I saw red" in long_texts and all(len(t) >= summary.EscapeMemo.MIN_LENGTH for t in long_texts)
     assert all(first.used[t] == summary._escape_inline(t) for t in long_texts)
+    assert first.worth_keeping() and first.missed == len(first.used)
     second = summary.EscapeMemo(dict(first.used))
     assert render_summary(case, second) == plain
-    assert second.used == second.earlier  # nothing new: the build keeps the record as it is
+    assert second.used == second.earlier and not second.worth_keeping()  # the build keeps the record as it is
     # Strings of an earlier render that this one does not show are not carried on.
     stale = summary.EscapeMemo({"gone from the case": "x", **first.used})
     assert render_summary(case, stale) == plain and "gone from the case" not in stale.used
+    # A few strings more or fewer do not make the memo worth rewriting; many do.
+    assert len(first.used) > 8
+    few = summary.EscapeMemo(dict(list(first.used.items())[1:]))
+    assert render_summary(case, few) == plain and few.missed == 1 and not few.worth_keeping()
+    mostly_new = summary.EscapeMemo(dict(list(first.used.items())[: len(first.used) // 2]))
+    render_summary(case, mostly_new)
+    assert mostly_new.worth_keeping() and mostly_new.missed == len(first.used) - len(first.used) // 2
+    mostly_stale = summary.EscapeMemo({**first.used, **{f"gone {i}": "x" for i in range(len(first.used))}})
+    render_summary(case, mostly_stale)
+    assert mostly_stale.worth_keeping() and mostly_stale.missed == 0
     assert summary._ACTIVE_MEMO.get() is None  # no memo is left active for later escapes
 
 

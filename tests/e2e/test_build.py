@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -173,7 +174,12 @@ def test_deleting_cache_changes_no_output(admitted):
     assert _case(ws) == first
 
 
-def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
+def _prior_views(ws: Path) -> list[Path]:
+    return sorted((ws / ".cache" / "c1" / "documents").glob("*/*.case-view.*.json"))
+
+
+@pytest.mark.parametrize("drop_view", [False, True], ids=["view-left-by-reopen", "view-derived-by-the-build"])
+def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted, drop_view):
     ws = admitted
     # append before the first build: the returning index lists only the new
     # report; everything the earlier index listed is inherited
@@ -199,8 +205,15 @@ def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
     )
     refused = kit.doit("append", "case=c1", f"source={extra2}", workspace=ws)
     assert refused.returncode != 0 and "REOPEN_REQUIRED" in refused.stderr
+    assert _prior_views(ws) == []  # a build does not derive a view of what it publishes
     reopened = kit.doit("reopen", "case=c1", "by=human:alice", "reason=new evidence", workspace=ws)
     assert reopened.returncode == 0, reopened.stderr
+    # the reopen leaves the view of the case it closes, for the next builds
+    first_sha = hashlib.sha256((kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_bytes()).hexdigest()
+    assert [p.name.split(".")[0] for p in _prior_views(ws)] == [first_sha]
+    if drop_view:
+        for view in _prior_views(ws):
+            view.unlink()
     assert kit.doit("append", "case=c1", f"source={extra2}", workspace=ws).returncode == 0
     rebuilt = kit.doit("build", "case=c1", workspace=ws)
     assert rebuilt.returncode == 0, rebuilt.stderr
@@ -213,6 +226,7 @@ def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted):
         if key in by_key:
             assert statement["id"] == by_key[key]
     assert second["inputs"]["prior_case"]["path"] == "case/revisions/0001/case.json"
+    assert [p.name.split(".")[0] for p in _prior_views(ws)] == [first_sha]
     # rebuilding the published revision 2 is a no-op that still sees its prior case
     noop = kit.doit("build", "case=c1", workspace=ws)
     assert noop.returncode == 0, noop.stderr
