@@ -958,10 +958,18 @@ def _stage_files(
     inventory: dict[str, dict] = {}
     per_file_fsync = len(paths) <= _SYNCFS_MIN_FILES
     copier = _Copier()
+    # Plain strings in the loop: pathlib costs several microseconds a file,
+    # a tenth of the time a small file takes. Paths come sorted, so siblings
+    # share the parent made (or found) for the first of them.
+    content_root = os.fspath(content_dir)
+    made_parent = None
     try:
         for rel in paths:
-            target = content_dir / rel
-            staging.makedirs(target.parent)
+            parent = rel.rpartition("/")[0]
+            if parent != made_parent:
+                staging.makedirs(content_dir / parent if parent else content_dir)
+                made_parent = parent
+            target = f"{content_root}/{rel}"
             expected = source.files[rel]
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             try:

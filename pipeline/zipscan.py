@@ -118,6 +118,7 @@ class ZipLimits:
 
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 _FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_ASCII_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
 def name_problem(name: str) -> str | None:
@@ -142,9 +143,15 @@ def name_problem(name: str) -> str | None:
         return "absolute name"
     if _DRIVE_RE.match(name):
         return "drive letter in name"
-    for ch in name:
-        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            return f"control or format character U+{ord(ch):04X} in name"
+    if name.isascii():
+        # Of the refused categories ASCII has only Cc: C0 controls and DEL.
+        control = _ASCII_CONTROL_RE.search(name)
+        if control is not None:
+            return f"control or format character U+{ord(control.group()):04X} in name"
+    else:
+        for ch in name:
+            if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+                return f"control or format character U+{ord(ch):04X} in name"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"longer than {MAX_NAME_BYTES} bytes"
     parts = name.split("/")
@@ -160,6 +167,8 @@ def name_problem(name: str) -> str | None:
 
 def fold_name(part: str) -> str:
     """The collision key of one path part: NFC, case-folded, NFC again."""
+    if part.isascii():
+        return part.lower()  # ASCII is its own NFC, and folds exactly as it lowers
     return unicodedata.normalize("NFC", unicodedata.normalize("NFC", part).casefold())
 
 

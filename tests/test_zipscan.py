@@ -10,6 +10,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import AdmissionError
 from pipeline.zipscan import MiB, NameRegistry, ZipArchive, ZipLimits, fold_name, name_problem
@@ -61,6 +63,22 @@ def test_safe_names_pass(name):
 
 def test_fold_name_merges_nfc_nfd_and_case():
     assert fold_name("Caf\u00e9") == fold_name("cafe\u0301") == fold_name("CAFÉ")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=40) | st.text(max_size=12))
+def test_the_ascii_fast_paths_are_their_definitions(text):
+    """fold_name and name_problem skip Unicode tables for ASCII names."""
+    import unicodedata
+
+    assert fold_name(text) == unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).casefold())
+    problem = name_problem(text)
+    first_bad = next((ch for ch in text if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp")), None)
+    if problem is not None and "control or format" in problem:
+        assert first_bad is not None and f"U+{ord(first_bad):04X}" in problem
+    elif first_bad is not None:
+        # an earlier check (empty, NUL, backslash, absolute, drive) spoke first
+        assert problem is not None
 
 
 @pytest.mark.parametrize(
