@@ -165,6 +165,9 @@ def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = Fals
             raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limit}", path=ref["path"])
         record = cache.prior_view(ref["path"], ref["sha256"]) if cache is not None else None
         if record is not None and record.exists():
+            # The view stands for these published bytes: they are still
+            # checked, so a damaged prior case is found here as without a view.
+            package.verify_file(ref["path"], manifest=manifest)
             view = cache.read_json_fast(record)
         else:
             view = _prior_view_from(package.read_verified(ref["path"], limit, manifest=manifest), ref["path"])
@@ -632,6 +635,7 @@ def step_render(workspace_root, case_id) -> None:
     if memo.worth_keeping():
         try:
             cache.write_msgpack(cache.escape_memo, memo.used)
+            cache.remove_other_escape_memos()
         except OSError:
             pass  # only a head start for the next render
 

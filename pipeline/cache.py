@@ -85,6 +85,13 @@ class BuildCache:
         under the builder code that escaped them."""
         return self.root / "out" / f"escapes.{self._code}.msgpack"
 
+    def remove_other_escape_memos(self) -> None:
+        """Escape memos of other builder code: never read again."""
+        keep = self.escape_memo.name
+        for stale in self.escape_memo.parent.glob("escapes.*.msgpack"):
+            if stale.name != keep:
+                stale.unlink(missing_ok=True)
+
     @property
     def published(self) -> Path:
         return self.root / "out" / "published.json"

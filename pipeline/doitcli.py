@@ -138,9 +138,14 @@ def guarded(target: str, *args, **kwargs):
 
 @functools.cache
 def code_version() -> str:
-    """sha256 over the builder's own code and contracts: a new builder rebuilds."""
+    """sha256 over the builder's own code and contracts, and the Unicode
+    version of this Python (escaping, name checks and folding follow its
+    character tables): a new builder, or a Python with other tables, rebuilds
+    rather than reuse cache records made by the other."""
+    import unicodedata
+
     root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"unicode {unicodedata.unidata_version}\0".encode())
     for folder in ("pipeline", "contracts"):
         for path in sorted((root / folder).glob("*")):
             if path.suffix in (".py", ".json") and path.is_file():

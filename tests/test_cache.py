@@ -92,3 +92,25 @@ def msgspec_bytes(value) -> bytes:
     import msgspec
 
     return msgspec.msgpack.encode(value)
+
+
+def test_escape_memos_of_other_builder_code_are_removed(tmp_path):
+    cache = BuildCache(tmp_path)
+    cache.write_msgpack(cache.escape_memo, {"a text of some length": "a text of some length"})
+    other = cache.escape_memo.with_name("escapes.0123456789abcdef.msgpack")
+    other.write_bytes(b"old")
+    unrelated = cache.escape_memo.with_name("case.json")
+    unrelated.write_bytes(b"{}")
+    cache.remove_other_escape_memos()
+    assert cache.escape_memo.exists() and unrelated.exists() and not other.exists()
+
+
+def test_the_code_version_follows_the_unicode_tables(monkeypatch):
+    import unicodedata
+
+    from pipeline.doitcli import code_version
+
+    mine = code_version.__wrapped__()
+    assert code_version.__wrapped__() == mine == code_version()
+    monkeypatch.setattr(unicodedata, "unidata_version", "0.0.1")
+    assert code_version.__wrapped__() != mine

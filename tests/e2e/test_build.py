@@ -441,3 +441,30 @@ def test_floats_in_supplied_values_are_published_as_the_stdlib_writes_them(tmp_p
     assert b"1e+16" in published and b"-2.5e-07" in published
     claims = [o["claim"]["value"] for o in value["human_observations"]["observations"] if o["claim"]["key"].startswith("k")]
     assert claims == floats
+
+
+def test_a_damaged_prior_case_is_found_although_its_view_is_cached(tmp_path, admitted):
+    """The cached view stands for the prior case's published bytes, which are
+    still checked against the manifest when a build plans with the view."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    assert len(_prior_views(ws)) == 1  # left by the reopen
+    extra = kit.make_append(
+        tmp_path / "app",
+        files={"original/report-z.json": kit.report("Later", observations=[{"text": "Later look"}])},
+        index=kit.index(reports=["original/report-z.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    prior = kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json"
+    prior.chmod(0o644)
+    data = bytearray(prior.read_bytes())
+    at = data.index(b"Switch stays off")
+    data[at] = ord("s")
+    prior.write_bytes(bytes(data))
+    before = kit.tree_digest(ws)
+    result = kit.doit("build", "case=c1", workspace=ws)
+    assert result.returncode != 0
+    assert "INTEGRITY_ERROR" in result.stderr and "case/revisions/0001/case.json" in result.stderr
+    assert len(_prior_views(ws)) == 1
+    assert {k: v for k, v in kit.tree_digest(ws).items() if "/manifests/" in k} == {k: v for k, v in before.items() if "/manifests/" in k}
