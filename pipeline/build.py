@@ -721,10 +721,31 @@ def step_publish(workspace_root, case_id) -> BuildResult:
                 )
                 crashpoint("build:after-confirm")
                 result = BuildResult(status="published", generation=manifest["package_generation"], **outputs)
+                _plan_stays_current(cache, package, store.get(case_id), plan)
         finally:
             store.close()
     cache.write_json(cache.published, {"request_hash": plan["request_hash"], "step_id": plan["step_id"], **result})
     return result
+
+
+def _plan_stays_current(cache: BuildCache, package, record, plan: dict) -> None:
+    """Record that the plan is current for the store as publication left it.
+
+    Planning again now would give the very same plan (generated outputs are
+    no input, and the confirmed snapshot is the planned one; a test holds
+    the two equal), now marked as a reuse. Without this record the first
+    no-op build after every publication would plan again, which reads every
+    manifest and imports the readers, to find out nothing changed. Only a
+    cache record: if it cannot be written, that build plans again.
+    """
+    try:
+        limits = CaseBuilderLimits(**plan["limits"])
+        cache.write_json(
+            cache.store_state,
+            {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": True},
+        )
+    except (OSError, VianoError, TypeError):
+        pass  # the record left by planning names the old generation: planning runs again
 
 
 def leave_prior_view(ws, case_id: str, package) -> None:

@@ -468,3 +468,42 @@ def test_a_damaged_prior_case_is_found_although_its_view_is_cached(tmp_path, adm
     assert "INTEGRITY_ERROR" in result.stderr and "case/revisions/0001/case.json" in result.stderr
     assert len(_prior_views(ws)) == 1
     assert {k: v for k, v in kit.tree_digest(ws).items() if "/manifests/" in k} == {k: v for k, v in before.items() if "/manifests/" in k}
+
+
+def _plan_records(ws: Path) -> dict:
+    cache = ws / ".cache" / "c1"
+    return {name: ((cache / name).stat().st_ino, (cache / name).read_bytes()) for name in ("plan.json", "store-state.json")}
+
+
+def _assert_planned_once(ws: Path) -> None:
+    """After a publication the next no-op build plans nothing (its records stay
+    the very files publication left), and planning again anyway gives the same plan."""
+    left = _plan_records(ws)
+    noop = kit.doit("build", "case=c1", workspace=ws)
+    assert noop.returncode == 0, noop.stderr
+    assert re.findall(r"^\.  (\S+)", noop.stderr, re.M) == ["validate_index"]
+    assert _plan_records(ws) == left
+    (ws / ".cache" / "c1" / "store-state.json").unlink()
+    replanned = kit.doit("build", "case=c1", workspace=ws)
+    assert replanned.returncode == 0, replanned.stderr
+    assert re.findall(r"^\.  (\S+)", replanned.stderr, re.M) == ["validate_index"]
+    again = _plan_records(ws)
+    assert again["plan.json"][1] == left["plan.json"][1]
+    assert json.loads(again["store-state.json"][1]) == json.loads(left["store-state.json"][1])
+
+
+def test_publication_leaves_the_plan_current_for_the_next_build(tmp_path, admitted):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert json.loads(_plan_records(ws)["store-state.json"][1])["reuse"] is True
+    _assert_planned_once(ws)
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = kit.make_append(
+        tmp_path / "app",
+        files={"original/report-y.json": kit.report("Later", observations=[{"text": "Later look"}])},
+        index=kit.index(reports=["original/report-y.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
+    _assert_planned_once(ws)
