@@ -151,6 +151,14 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 _check_no_name_collides(files, manifest)
                 _check_returning_index(returning, files, manifest)
                 _check_prior_roles_kept(returning, package, manifest, record.analysis_revision, limits)
+                if _already_held(package, manifest, index_bytes, staged.files):
+                    # A repeated append (a retried CI step): a generation would
+                    # change nothing a build reads, and the user meant none.
+                    _out(
+                        f"nothing to append to case {case_id}: its index and all {len(staged.files)} files are "
+                        f"already in generation {record.generation}"
+                    )
+                    return
                 dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
                 new_manifest = PackageWriter(package).publish(
@@ -175,6 +183,27 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
             f"(an inherited document that fails its contract is dropped with a SUPERSEDED_INPUT gap): "
             + ", ".join(one_line(path) for path in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
         )
+
+
+def _already_held(package, manifest: dict, index_bytes: bytes, files: dict) -> bool:
+    """Whether the package already holds this append: the current index has
+    exactly these bytes, and every file is present with the same bytes."""
+    import hashlib
+
+    current = manifest.get("artifacts", {}).get("case_inputs")
+    entries = manifest["files"]
+    if not current or current not in entries or any(path not in entries for path in files):
+        return False
+    if entries[current]["size"] != len(index_bytes) or entries[current]["sha256"] != hashlib.sha256(index_bytes).hexdigest():
+        return False
+    for path, staged in files.items():
+        if os.path.getsize(staged) != entries[path]["size"]:
+            return False
+    for path, staged in files.items():
+        with open(staged, "rb") as handle:
+            if hashlib.file_digest(handle, "sha256").hexdigest() != entries[path]["sha256"]:
+                return False
+    return True
 
 
 def _listed(index) -> list[str]:

@@ -507,3 +507,32 @@ def test_publication_leaves_the_plan_current_for_the_next_build(tmp_path, admitt
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
     _assert_planned_once(ws)
+
+
+def test_a_repeated_append_changes_nothing(tmp_path, admitted):
+    """A retried append (the same index and files) publishes no generation;
+    a different index or changed bytes are still an append or a conflict."""
+    ws = admitted
+    files = {"original/report-r.json": kit.report("Retried", observations=[{"text": "Once"}]), "original/extra.log": "x\n" * 1000}
+    extra = kit.make_append(tmp_path / "app", files=files, index=kit.index(reports=["original/report-r.json"]))
+    first = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert first.returncode == 0, first.stderr
+    before = kit.tree_digest(ws)
+    status_before = kit.doit("status", "case=c1", workspace=ws).stdout
+    again = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to append to case c1" in again.stdout and "generation 2" in again.stdout
+    assert kit.tree_digest(ws) == before
+    assert kit.doit("status", "case=c1", workspace=ws).stdout == status_before  # no checkpoint either
+    # the same files under another index are an append
+    other = kit.make_append(tmp_path / "app2", files=files, index=kit.index(reports=["original/report-r.json"], database=["original/db.sql"]))
+    assert kit.doit("append", "case=c1", f"source={other}", workspace=ws).returncode == 0
+    assert len(kit.manifests(ws, "c1")) == 3
+    # and changed bytes under a known name are refused as before
+    changed = kit.make_append(tmp_path / "app3", files={**files, "original/extra.log": "y\n" * 1000},
+                              index=kit.index(reports=["original/report-r.json"], database=["original/db.sql"]))
+    refused = kit.doit("append", "case=c1", f"source={changed}", workspace=ws)
+    assert refused.returncode != 0 and "CONTENT_CONFLICT" in refused.stderr
+    assert len(kit.manifests(ws, "c1")) == 3
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
