@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from pathlib import Path
 
 from . import BUILDER_VERSION
@@ -118,6 +119,22 @@ def _locked(ws, case_id: str, timeout: float = 60.0):
     from .workspace import case_lock
 
     with case_lock(ws, case_id, timeout=timeout):
+        yield
+
+
+_TURNS: dict[tuple[str, str], threading.Lock] = {}
+_TURNS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _thread_turn(ws, case_id: str):
+    """One thread of this process at a time builds ``case_id`` through CaseBuilder."""
+    from .workspace import validate_id
+
+    key = (os.path.realpath(ws.root), validate_id(case_id, "case_id"))
+    with _TURNS_GUARD:
+        turn = _TURNS.setdefault(key, threading.Lock())
+    with turn:
         yield
 
 
@@ -844,7 +861,10 @@ class CaseBuilder:
 
     def _build(self, case_id: str, package_id: str | None) -> BuildResult:
         ws = self.store.workspace
-        with _locked(ws, case_id):
+        # The case lock is re-entrant per process (doit holds it for its whole
+        # run), so it does not keep this process's other threads out; builds
+        # of one case through this API take turns here, as processes do there.
+        with _thread_turn(ws, case_id), _locked(ws, case_id):
             plan = step_validate_index(ws.root, case_id, self.limits)
             if package_id is not None and package_id != plan["package_id"]:
                 raise CaseBuildError("INVALID_ARGUMENT", f"case {case_id} holds package {plan['package_id']}, not {package_id}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import json
@@ -99,7 +100,9 @@ class BuildCache:
     def write(self, path: Path, data: bytes) -> None:
         """Atomically replace one cache record (never used for published files)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        # Named by process and thread: the case lock is re-entrant per process,
+        # so two threads of one process may write the same record at once.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             with open(tmp, "wb") as handle:
                 handle.write(data)
@@ -115,9 +118,11 @@ class BuildCache:
     def remove_stale_temps(self) -> int:
         """Remove the temp files of writes that never finished (a process
         killed mid-write). Only builds write the cache, each under the case
-        lock, so the process that holds that lock, running one build at a
-        time (as ``doit build`` and ``CaseBuilder.build`` do), knows every temp
-        file is dead. Returns how many were removed."""
+        lock, so the process that holds that lock knows every other process's
+        temp file is dead; its own may belong to another of its threads (the
+        lock is re-entrant per process) and are left. Returns how many were
+        removed."""
+        mine = f".{os.getpid()}."
         removed = 0
         folders = [self.root, self.root / "out", self.root / "opaque", Path(self._documents)]
         for folder in folders:
@@ -126,7 +131,12 @@ class BuildCache:
             except FileNotFoundError:
                 continue
             for entry in entries:
-                if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
+                if (
+                    entry.name.startswith(".")
+                    and entry.name.endswith(".tmp")
+                    and mine not in entry.name[-40:]
+                    and entry.is_file(follow_symlinks=False)
+                ):
                     try:
                         os.unlink(entry.path)
                         removed += 1

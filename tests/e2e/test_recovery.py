@@ -709,3 +709,55 @@ def test_export_to_a_dangling_symlink_says_what_it_is(tmp_path):
     line = _one_line_error(kit.doit("export", "case=c1", f"dest={dest}", workspace=ws), "INVALID_ARGUMENT")
     assert "symbolic link to nothing" in line
     assert dest.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_two_threads_building_one_case_through_the_api(tmp_path):
+    """The case lock is re-entrant per process, so it does not keep two threads
+    of one process apart: their CaseBuilder builds take turns instead. One
+    publishes, the other reuses; no cache record or in-flight content of one
+    is removed by the other's cleanup (that failed with FileNotFoundError and
+    IO_ERROR before)."""
+    import threading
+
+    from pipeline.errors import VianoError
+
+    source = standard_package(tmp_path / "src")
+    reference = None
+    for attempt in range(6):
+        ws = tmp_path / f"ws{attempt}"
+        assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+        if attempt % 2:
+            # A build stopped after planning: the case is BUILDING_CASE, so both
+            # threads get past planning and read, assemble and render together.
+            assert kit.doit("validate_index", "case=c1", workspace=ws).returncode == 0
+        outcomes = []
+        barrier = threading.Barrier(2)
+
+        def build():
+            store = CheckpointStore(Workspace(ws))
+            try:
+                barrier.wait()
+                outcomes.append(("ok", CaseBuilder(store).build("c1", "pkg-1")["status"]))
+            except VianoError as error:
+                outcomes.append(("error", error.code, str(error)))
+            except BaseException as error:  # anything else is the defect this test is about
+                outcomes.append(("crash", repr(error)))
+            finally:
+                store.close()
+
+        threads = [threading.Thread(target=build) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(outcomes) == [("ok", "published"), ("ok", "reused")], outcomes
+        store = CheckpointStore(Workspace(ws))
+        try:
+            assert CaseBuilder(store).build("c1", "pkg-1")["status"] == "reused"
+        finally:
+            store.close()
+        assert len(kit.manifests(ws, "c1")) == 2
+        published = (kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_bytes()
+        reference = reference or published
+        assert published == reference
+        assert not list((ws / ".cache").rglob("*.tmp"))
