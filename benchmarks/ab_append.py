@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The append rebuild of two versions of the builder, side by side in one run.
+
+Machine noise here is larger than most single changes, so a change to the
+rebuild path is judged against the code before it, not against a number from
+another hour: this checks out ``--base`` (a git ref) into a temporary
+worktree, prepares the same package at both versions (admit, build, reopen,
+append one report; ``bench_build``'s package), keeps each workspace aside,
+then times ``doit build`` of each, alternating, restoring its workspace
+before every run. Prints both medians, their ratio, and whether the two
+versions published byte-identical ``case.json`` and summaries.
+
+    .venv/bin/python benchmarks/ab_append.py --base HEAD~3 [--context-mib 64] [--rounds 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import bench_build  # noqa: E402  (the package and the keep-aside copy)
+
+DOIT = str(Path(sys.executable).parent / "doit")
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def run(tree: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+    # PYTHONPATH first: the tree's own `pipeline` wins over the installed one.
+    env = dict(ENV, PYTHONPATH=str(tree))
+    start = time.perf_counter()
+    result = subprocess.run([DOIT, "-f", str(tree / "dodo.py"), *args], cwd=tree, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"doit {' '.join(args)} failed in {tree}:\n{result.stderr}")
+    return elapsed, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="git ref of the version to compare with the working tree")
+    parser.add_argument("--context-mib", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=11)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="viano-ab-"))
+    old_tree = base / "base-tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old_tree), args.base], check=True)
+    trees = {"base": old_tree, "current": REPO}
+    try:
+        source = base / "source"
+        bench_build.make_package(source, args.context_mib)
+        extra = base / "append"
+        bench_build._write_json(extra / "original/reports/new.json", bench_build._report(999))
+        bench_build._write_json(extra / "case-inputs.json", {
+            "format": "viano-case-inputs", "format_version": 1, "reports": ["original/reports/new.json"],
+        })
+        for name, tree in trees.items():
+            ws = base / f"ws-{name}"
+            wsvar = f"workspace={ws}"
+            run(tree, "admit", "case=bench", f"source={source}", wsvar)
+            run(tree, "build", "case=bench", wsvar)
+            run(tree, "reopen", "case=bench", "by=human:bench", "reason=benchmark append", wsvar)
+            run(tree, "append", "case=bench", f"source={extra}", wsvar)
+            bench_build.keep_aside(ws, base / f"aside-{name}")
+        times: dict[str, list[float]] = {name: [] for name in trees}
+        for round_ in range(args.rounds):
+            order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
+            for name in order:
+                ws = base / f"ws-{name}"
+                shutil.rmtree(ws)
+                bench_build.keep_aside(base / f"aside-{name}", ws)
+                os.sync()
+                elapsed, result = run(trees[name], "build", "case=bench", f"workspace={ws}")
+                if ".  publish" not in result.stderr:
+                    sys.exit(f"{name}: the rebuild did not publish:\n{result.stderr}")
+                times[name].append(elapsed)
+        for name, values in times.items():
+            print(f"{name:8s} median {statistics.median(values):.3f} s  ({' '.join(f'{v:.3f}' for v in values)})")
+        print(f"current / base: {statistics.median(times['current']) / statistics.median(times['base']):.2f} (medians)")
+        revision = "cases/bench/packages/bench/content/case/revisions/0002"
+        for name in ("case.json", "case_summary.md"):
+            same = (base / "ws-base" / revision / name).read_bytes() == (base / "ws-current" / revision / name).read_bytes()
+            print(f"{name} byte-identical across the versions: {same}")
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
