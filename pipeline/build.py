@@ -122,20 +122,27 @@ def _locked(ws, case_id: str, timeout: float = 60.0):
         yield
 
 
-_TURNS: dict[tuple[str, str], threading.Lock] = {}
+_TURNS: dict[tuple[str, str], threading.RLock] = {}
 _TURNS_GUARD = threading.Lock()
 
 
 @contextlib.contextmanager
-def _thread_turn(ws, case_id: str):
-    """One thread of this process at a time builds ``case_id`` through CaseBuilder."""
+def _thread_turn(ws, case_id: str, timeout: float = 60.0):
+    """One thread of this process at a time builds ``case_id`` through
+    CaseBuilder (re-entrant within a thread); waiting longer than ``timeout``
+    seconds is ``LOCK_TIMEOUT``, as waiting for another process's lock is."""
+    from .errors import LifecycleError
     from .workspace import validate_id
 
     key = (os.path.realpath(ws.root), validate_id(case_id, "case_id"))
     with _TURNS_GUARD:
-        turn = _TURNS.setdefault(key, threading.Lock())
-    with turn:
+        turn = _TURNS.setdefault(key, threading.RLock())
+    if not turn.acquire(timeout=timeout):
+        raise LifecycleError("LOCK_TIMEOUT", f"case {case_id} is being built by another thread; gave up after {timeout:g}s")
+    try:
         yield
+    finally:
+        turn.release()
 
 
 def _cache(ws, case_id: str) -> BuildCache:
@@ -749,8 +756,9 @@ def _plan_stays_current(cache: BuildCache, package, record, plan: dict) -> None:
     """Record that the plan is current for the store as publication left it.
 
     Planning again now would give the very same plan (generated outputs are
-    no input, and the confirmed snapshot is the planned one; a test holds
-    the two equal), now marked as a reuse. Without this record the first
+    no input, superseded or not, and the confirmed snapshot is the planned
+    one; tests hold the two equal, also when an earlier index named this
+    very output), now marked as a reuse. Without this record the first
     no-op build after every publication would plan again, which reads every
     manifest and imports the readers, to find out nothing changed. Only a
     cache record: if it cannot be written, that build plans again.

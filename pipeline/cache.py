@@ -24,6 +24,10 @@ __all__ = ["BuildCache"]
 
 _CACHE_RECORD_LIMIT = 64 * 1024 * 1024
 
+# The temp files this process's threads are writing now (see remove_stale_temps).
+_IN_FLIGHT: set[str] = set()
+_IN_FLIGHT_GUARD = threading.Lock()
+
 
 def _path_key(path: str) -> str:
     return hashlib.sha256(path.encode("utf-8")).hexdigest()[:16]
@@ -103,6 +107,8 @@ class BuildCache:
         # Named by process and thread: the case lock is re-entrant per process,
         # so two threads of one process may write the same record at once.
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with _IN_FLIGHT_GUARD:
+            _IN_FLIGHT.add(os.fspath(tmp))
         try:
             with open(tmp, "wb") as handle:
                 handle.write(data)
@@ -114,15 +120,19 @@ class BuildCache:
             except OSError:
                 pass
             raise
+        finally:
+            with _IN_FLIGHT_GUARD:
+                _IN_FLIGHT.discard(os.fspath(tmp))
 
     def remove_stale_temps(self) -> int:
         """Remove the temp files of writes that never finished (a process
         killed mid-write). Only builds write the cache, each under the case
-        lock, so the process that holds that lock knows every other process's
-        temp file is dead; its own may belong to another of its threads (the
-        lock is re-entrant per process) and are left. Returns how many were
-        removed."""
-        mine = f".{os.getpid()}."
+        lock, so the process that holds that lock knows every temp file is
+        dead except those its own threads are writing (the lock is re-entrant
+        per process), which are left. A pid in the name proves nothing: in a
+        container every build may run as pid 1. Returns how many were removed."""
+        with _IN_FLIGHT_GUARD:
+            writing = set(_IN_FLIGHT)
         removed = 0
         folders = [self.root, self.root / "out", self.root / "opaque", Path(self._documents)]
         for folder in folders:
@@ -134,7 +144,7 @@ class BuildCache:
                 if (
                     entry.name.startswith(".")
                     and entry.name.endswith(".tmp")
-                    and mine not in entry.name[-40:]
+                    and entry.path not in writing
                     and entry.is_file(follow_symlinks=False)
                 ):
                     try:

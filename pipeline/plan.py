@@ -244,7 +244,10 @@ def plan_from_manifests(
                     ordered.setdefault(role, []).append(ref)
                     continue
                 if not _usable_reference(ref, files) or ref in role_of:
-                    if ref in files and ref not in role_of and ref not in superseded:
+                    # A builder output is no input, superseded or not; it is in
+                    # the files only once published, and counting it then would
+                    # make the plan change with the publication it plans.
+                    if ref in files and ref not in role_of and ref not in superseded and not is_generated(ref):
                         superseded.append(ref)
                     continue
                 role_of[ref] = role

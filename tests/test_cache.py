@@ -114,3 +114,60 @@ def test_the_code_version_follows_the_unicode_tables(monkeypatch):
     assert code_version.__wrapped__() == mine == code_version()
     monkeypatch.setattr(unicodedata, "unidata_version", "0.0.1")
     assert code_version.__wrapped__() != mine
+
+
+def test_temp_cleanup_spares_only_the_writes_in_flight_in_this_process(tmp_path):
+    """Every build may run as the same pid (pid 1 in a container), so a temp
+    file named with this process's pid may be a dead build's: only the temp
+    files this process's threads are writing now are left alone."""
+    from pipeline import cache as cache_module
+
+    cache = BuildCache(tmp_path)
+    cache.write(cache.case_json, b"{}")
+    dead = cache.case_json.with_name(f".case.json.{os.getpid()}.12345.tmp")
+    live = cache.case_json.with_name(f".case_summary.md.{os.getpid()}.67890.tmp")
+    dead.write_bytes(b"half")
+    live.write_bytes(b"being written")
+    with cache_module._IN_FLIGHT_GUARD:
+        cache_module._IN_FLIGHT.add(os.fspath(live))
+    try:
+        assert cache.remove_stale_temps() == 1
+        assert not dead.exists() and live.exists()
+    finally:
+        with cache_module._IN_FLIGHT_GUARD:
+            cache_module._IN_FLIGHT.discard(os.fspath(live))
+    assert cache.remove_stale_temps() == 1 and not live.exists()
+    cache.write(cache.summary, b"x")
+    assert not cache_module._IN_FLIGHT  # a finished write is no longer in flight
+
+
+def test_a_build_turn_is_reentrant_in_its_thread_and_times_out_for_others(tmp_path):
+    import threading
+
+    from pipeline.build import _thread_turn
+    from pipeline.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    held, release, outcome = threading.Event(), threading.Event(), []
+
+    def holder():
+        with _thread_turn(ws, "c1"):
+            with _thread_turn(ws, "c1"):  # nested in one thread: no deadlock
+                held.set()
+                release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+    try:
+        with _thread_turn(ws, "c1", timeout=0.2):
+            outcome.append("entered")
+    except VianoError as error:
+        outcome.append(error.code)
+    with _thread_turn(ws, "c2", timeout=0.2):  # another case is not held up
+        outcome.append("other case")
+    release.set()
+    thread.join()
+    with _thread_turn(ws, "c1", timeout=0.2):
+        outcome.append("after")
+    assert outcome == ["LOCK_TIMEOUT", "other case", "after"]

@@ -536,3 +536,21 @@ def test_a_repeated_append_changes_nothing(tmp_path, admitted):
     assert len(kit.manifests(ws, "c1")) == 3
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0, built.stderr
+
+
+def test_the_plan_stays_current_when_an_earlier_index_named_the_output(tmp_path):
+    """An earlier index that lists the build's own output path (unusable, so
+    not inherited) must not make the plan change once that output exists."""
+    ws = tmp_path / "ws"
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T", observations=[{"text": "x"}])},
+                              index=kit.index(reports=["original/r.json"], attachments=["case/revisions/0001/case.json"]))
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode != 0  # the attachment is not there
+    fix = kit.make_append(tmp_path / "fix", files={"original/r2.json": kit.report("U", observations=[{"text": "y"}])},
+                          index=kit.index(reports=["original/r.json", "original/r2.json"]))
+    assert kit.doit("append", "case=c1", f"source={fix}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
+    case = _case(ws)
+    assert "case/revisions/0001/case.json" not in json.dumps(case["data_quality"])
+    _assert_planned_once(ws)
