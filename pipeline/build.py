@@ -91,10 +91,10 @@ def open_existing_store(ws, case_id: str):
     return store
 
 
-def _package(ws, case_id, package_id):
+def _package(ws, case_id, package_id, cache: BuildCache | None = None):
     from .packages import Package
 
-    return Package(ws, case_id, package_id)
+    return Package(ws, case_id, package_id, parsed_manifests=cache.parsed_manifests() if cache is not None else None)
 
 
 def hold_case_lock(ws, case_id: str, timeout: float = 60.0) -> None:
@@ -241,7 +241,8 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     try:
         with _locked(ws, case_id):
                 record = store.get(case_id)
-                package = _package(ws, case_id, record.package_id)
+                cache = _cache(ws, case_id)
+                package = _package(ws, case_id, record.package_id, cache)
                 record = roll_forward(store, package, case_id)
                 if record.state == "BLOCKED":
                     blocked = record.blocked or {}
@@ -250,7 +251,6 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                         f"case is BLOCKED ({blocked.get('code')}, route {blocked.get('route')}, retry after {blocked.get('retry_after')})",
                     )
 
-                cache = _cache(ws, case_id)
                 cache.remove_stale_temps()
                 key = _plan_key(package, record, limits)
                 if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
@@ -716,7 +716,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     with _locked(ws, case_id):
         store = _store(ws)
         try:
-            package = _package(ws, case_id, plan["package_id"])
+            package = _package(ws, case_id, plan["package_id"], cache)
             record = roll_forward(store, package, case_id)
             confirmed = store.confirmed(case_id, plan["step_id"])
             if confirmed is not None:

@@ -20,7 +20,7 @@ import json
 
 from .errors import IntegrityError
 
-__all__ = ["BuildCache"]
+__all__ = ["BuildCache", "ParsedManifests"]
 
 _CACHE_RECORD_LIMIT = 64 * 1024 * 1024
 
@@ -72,6 +72,13 @@ class BuildCache:
         from .doitcli import code_version
 
         return code_version()[:16]
+
+    def parsed_manifests(self, *, keep_loaded: bool = True) -> "ParsedManifests":
+        """Checked package manifests by the sha256 of their bytes (see :class:`pipeline.packages.Package`)."""
+        return ParsedManifests(self, keep_loaded=keep_loaded)
+
+    def manifest_record(self, sha256: str) -> Path:
+        return Path(f"{self._documents}/{sha256}.manifest.msgpack")
 
     def opaque(self, path: str, sha256: str, size: int) -> Path:
         return self.root / "opaque" / f"{sha256}.{size}.{_path_key(path)}.json"
@@ -225,3 +232,32 @@ class BuildCache:
             return decode(data)
         except ValueError as error:  # msgspec.DecodeError is a ValueError too
             raise IntegrityError("INTEGRITY_ERROR", f"corrupt cache record: {error}", path=path.name) from None
+
+
+class ParsedManifests:
+    """A package's checked manifests as MessagePack records, under the sha256
+    of the manifest's bytes (and the builder code, like every record here).
+    Only a head start: a record that cannot be read is as if absent, and one
+    that cannot be written is skipped."""
+
+    def __init__(self, cache: BuildCache, *, keep_loaded: bool = True) -> None:
+        """``keep_loaded=False`` keeps only manifests this process publishes:
+        a command that fails leaves the workspace, cache included, as it was."""
+        self.cache = cache
+        self.keep_loaded = keep_loaded
+
+    def get(self, sha256: str) -> dict | None:
+        try:
+            return self.cache.read_msgpack(self.cache.manifest_record(sha256), dict)
+        except (OSError, IntegrityError):
+            return None
+
+    def put(self, sha256: str, manifest: dict, *, published: bool = False) -> None:
+        if not (published or self.keep_loaded):
+            return
+        record = self.cache.manifest_record(sha256)
+        try:
+            if not record.exists():
+                self.cache.write_msgpack(record, manifest)
+        except OSError:
+            pass

@@ -73,13 +73,16 @@ def _existing_store(ws, case_id):
 def _caught_up(ws, store, case_id: str):
     """Hold the case lock with the store rolled forward to every published
     generation: ``(record, package)`` as the next change must see them."""
+    from .cache import BuildCache
     from .packages import Package
     from .recovery import roll_forward
     from .workspace import case_lock
 
     with case_lock(ws, case_id):
         record = store.get(case_id)
-        package = Package(ws, case_id, record.package_id)
+        # The manifest a command publishes is left parsed for the next build.
+        parsed = BuildCache(ws.cache_dir(case_id)).parsed_manifests(keep_loaded=False)
+        package = Package(ws, case_id, record.package_id, parsed_manifests=parsed)
         yield roll_forward(store, package, case_id), package
 
 

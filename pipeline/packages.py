@@ -638,6 +638,24 @@ def _decode_manifest_fast(data: bytes) -> dict | None:
     return read_fast(data, "package-manifest", MANIFEST_MAX_BYTES)
 
 
+def _checked_manifest(data: bytes, label: str) -> dict:
+    """A stored manifest's bytes, strictly decoded and checked; else ``INTEGRITY_ERROR``."""
+    doc = _decode_manifest_fast(data)
+    if doc is None:
+        try:
+            doc = decode_strict(data, max_bytes=MANIFEST_MAX_BYTES, path=label, error=IntegrityError)
+        except VianoError as exc:
+            raise IntegrityError(
+                "INTEGRITY_ERROR", f"stored manifest is corrupt or truncated ({exc.code}: {exc.message})", path=label,
+                pointer=exc.pointer,
+            ) from None
+        check_manifest(doc, label=label)
+        _schema_check(doc, label)
+    else:
+        check_manifest(doc, label=label)
+    return doc
+
+
 def check_manifest(doc, *, label: str = "manifest", code: str = "INTEGRITY_ERROR") -> dict:
     """Return ``doc`` if it is a structurally valid viano-package v1 manifest, else raise ``code``."""
     found = _problem(doc)
@@ -655,12 +673,20 @@ class Package:
     instance; callers get deep copies and cannot disturb the cache.
     """
 
-    def __init__(self, workspace: Workspace, case_id: str, package_id: str) -> None:
+    def __init__(self, workspace: Workspace, case_id: str, package_id: str, *, parsed_manifests=None) -> None:
+        """``parsed_manifests`` (optional) keeps checked manifests between
+        processes, under the sha256 of their bytes: ``get(sha256) -> dict |
+        None`` and ``put(sha256, dict, published=bool)``
+        (:class:`pipeline.cache.ParsedManifests`).
+        Planning loads every generation's manifest, and checking each one
+        again (strict decode, contract, every entry) costs milliseconds per
+        generation, more with every append and reopen of a long-lived case."""
         self.workspace = workspace
         self.case_id = validate_id(case_id, "case id")
         self.package_id = validate_id(package_id, "package id")
         self.dir = workspace.package_dir(case_id, package_id)
         self._cache: dict[int, dict] = {}
+        self._parsed = parsed_manifests
 
     @classmethod
     def at(cls, directory: Path | str, case_id: str, package_id: str) -> "Package":
@@ -671,6 +697,7 @@ class Package:
         pkg.package_id = validate_id(package_id, "package id")
         pkg.dir = Path(os.path.abspath(os.fspath(directory)))
         pkg._cache = {}
+        pkg._parsed = None
         return pkg
 
     @property
@@ -724,19 +751,12 @@ class Package:
             data = _read_fd(fd, MANIFEST_MAX_BYTES, label, IntegrityError)
         finally:
             os.close(fd)
-        doc = _decode_manifest_fast(data)
+        digest = hashlib.sha256(data).hexdigest() if self._parsed is not None else None
+        doc = self._parsed.get(digest) if digest is not None else None
         if doc is None:
-            try:
-                doc = decode_strict(data, max_bytes=MANIFEST_MAX_BYTES, path=label, error=IntegrityError)
-            except VianoError as exc:
-                raise IntegrityError(
-                    "INTEGRITY_ERROR", f"stored manifest is corrupt or truncated ({exc.code}: {exc.message})", path=label,
-                    pointer=exc.pointer,
-                ) from None
-            check_manifest(doc, label=label)
-            _schema_check(doc, label)
-        else:
-            check_manifest(doc, label=label)
+            doc = _checked_manifest(data, label)
+            if digest is not None:
+                self._parsed.put(digest, doc)
         mismatch = [
             key
             for key, want in (("package_generation", generation), ("case_id", self.case_id), ("package_id", self.package_id))
@@ -938,6 +958,10 @@ class PackageWriter:
         finally:
             os.close(dir_fd)
         pkg._cache[manifest["package_generation"]] = json_copy(manifest)
+        if pkg._parsed is not None:
+            # These very bytes were just built from this dict: the next
+            # process that plans need not decode and check them again.
+            pkg._parsed.put(hashlib.sha256(data).hexdigest(), manifest, published=True)
         return manifest
 
     # -- helpers

@@ -874,3 +874,57 @@ def test_the_rename_used_without_hard_links_never_replaces_a_file(tmp_path):
     finally:
         os.close(fd)
     assert (tmp_path / "free").read_bytes() == b"new" and not (tmp_path / "temp").exists()
+
+
+# ---------------------------------------------------------------- parsed manifests
+
+
+def _manifest_sha(package: Package, generation: int) -> str:
+    return sha((package.manifests_dir / f"{generation:06d}.json").read_bytes())
+
+
+def test_parsed_manifests_are_kept_by_publishers_and_loaders_and_checked_where_it_matters(ws, pkg, monkeypatch):
+    from pipeline import packages
+    from pipeline.cache import BuildCache
+
+    cache = BuildCache(ws.cache_dir("case-1"))
+    keep_published = cache.parsed_manifests(keep_loaded=False)
+    writer_side = Package(ws, "case-1", "pkg-1", parsed_manifests=keep_published)
+    assert writer_side.manifest(1) == pkg.manifest(1)
+    assert not cache.manifest_record(_manifest_sha(pkg, 1)).exists()  # loaded only: not kept
+    PackageWriter(writer_side).publish(1, {"original/more.data": b"more\n"})
+    assert cache.manifest_record(_manifest_sha(pkg, 2)).exists()  # published: kept
+
+    reader = Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests())
+    expected = [Package(ws, "case-1", "pkg-1").manifest(g) for g in (1, 2)]
+    assert reader.manifest(1) == expected[0]  # decoded, checked, and kept now
+    assert cache.manifest_record(_manifest_sha(pkg, 1)).exists()
+
+    def no_decoding(data, label):
+        raise AssertionError(f"{label} was decoded again")
+
+    monkeypatch.setattr(packages, "_checked_manifest", no_decoding)
+    again = Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests())
+    assert [again.manifest(g) for g in (1, 2)] == expected
+    monkeypatch.undo()
+
+    # A record standing for other bytes still meets the file-name and identity check.
+    cache.write_msgpack(cache.manifest_record(_manifest_sha(pkg, 2)), expected[0])
+    with pytest.raises(VianoError) as caught:
+        Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests()).manifest(2)
+    assert caught.value.code == "INTEGRITY_ERROR"
+    # An unreadable record is as if absent: the manifest is decoded and the record rewritten.
+    cache.manifest_record(_manifest_sha(pkg, 2)).unlink()
+    cache.write(cache.manifest_record(_manifest_sha(pkg, 2)), b"\xc1 not msgpack")
+    assert Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests()).manifest(2) == expected[1]
+    # A changed manifest file is never hidden by a record: its bytes have another sha256.
+    path = pkg.manifests_dir / "000002.json"
+    path.chmod(0o644)
+    original = path.read_bytes()
+    path.write_bytes(original.replace(b'"original/more.data"', b'"original/mire.data"'))
+    changed = Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests()).manifest(2)
+    assert "original/mire.data" in changed["files"] and "original/more.data" not in changed["files"]
+    path.write_bytes(original[: len(original) // 2])
+    with pytest.raises(VianoError) as caught:
+        Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests()).manifest(2)
+    assert caught.value.code == "INTEGRITY_ERROR"

@@ -215,6 +215,10 @@ def test_append_then_reopen_keeps_ids_and_rereads_only_new(tmp_path, admitted, d
         for view in _prior_views(ws):
             view.unlink()
     assert kit.doit("append", "case=c1", f"source={extra2}", workspace=ws).returncode == 0
+    # every manifest so far is kept parsed (builds keep what they load, the
+    # build, reopen and append commands what they publish): planning decodes none
+    records = {p.name.split(".")[0] for p in (ws / ".cache" / "c1" / "documents").glob("*/*.manifest.msgpack")}
+    assert {hashlib.sha256(m.read_bytes()).hexdigest() for m in kit.manifests(ws, "c1")} <= records
     rebuilt = kit.doit("build", "case=c1", workspace=ws)
     assert rebuilt.returncode == 0, rebuilt.stderr
     read = re.findall(r"^\.  read_input:(.*)$", rebuilt.stderr, re.M)
