@@ -18,6 +18,7 @@ lives here:
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import hashlib
@@ -181,11 +182,28 @@ def report_interrupts_on_one_line() -> None:
     sys.excepthook = hook
 
 
+def skip_the_exit_collections() -> None:
+    """Freeze, at exit, what is still alive for the cyclic garbage collector.
+
+    Interpreter shutdown runs full collections over every tracked object
+    still alive: after a build that is the case and its caches, hundreds of
+    thousands of objects. Shutdown after an append rebuild took 40-70 ms
+    here, 10-15 ms frozen (the rebuild ~0.03 s faster in alternating runs). Nothing relies on the collector at exit:
+    files, locks and databases are all closed explicitly before, and frozen
+    objects are still freed by reference counting as modules are cleared;
+    only garbage in reference cycles is left to the operating system."""
+    if getattr(skip_the_exit_collections, "registered", False):
+        return
+    atexit.register(gc.freeze)
+    skip_the_exit_collections.registered = True
+
+
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
     """DOIT_CONFIG for this invocation (see module docstring)."""
     from .workspace import Workspace, validate_id
 
     report_interrupts_on_one_line()
+    skip_the_exit_collections()
     argv = sys.argv if argv is None else argv
     config = {
         "backend": "sqlite3",
