@@ -7,8 +7,8 @@ another hour: this checks out ``--base`` (a git ref) into a temporary
 worktree, prepares the same package at both versions (admit, build, reopen,
 append one report; ``bench_build``'s package), keeps each workspace aside,
 then times ``doit build`` of each, alternating, restoring its workspace
-before every run. Prints both medians, their ratio, and whether the two
-versions published byte-identical ``case.json`` and summaries.
+before every run. Prints both medians and their ratio, and fails unless the
+two versions published byte-identical ``case.json`` and summaries.
 
     .venv/bin/python benchmarks/ab_append.py --base HEAD~3 [--context-mib 64] [--rounds 11]
 """
@@ -88,9 +88,15 @@ def main() -> None:
             print(f"{name:8s} median {statistics.median(values):.3f} s  ({' '.join(f'{v:.3f}' for v in values)})")
         print(f"current / base: {statistics.median(times['current']) / statistics.median(times['base']):.2f} (medians)")
         revision = "cases/bench/packages/bench/content/case/revisions/0002"
+        differ = []
         for name in ("case.json", "case_summary.md"):
             same = (base / "ws-base" / revision / name).read_bytes() == (base / "ws-current" / revision / name).read_bytes()
             print(f"{name} byte-identical across the versions: {same}")
+            if not same:
+                differ.append(name)
+        if differ:
+            # A speed-up that changes the output is not the same builder.
+            sys.exit(f"the versions published different {', '.join(differ)}")
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)], check=False)
         shutil.rmtree(base, ignore_errors=True)

@@ -133,11 +133,6 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     store = _existing_store(ws, case_id)
     try:
         with _caught_up(ws, store, case_id) as (record, package):
-            if record.state == "COMPLETED" or store.confirmed(case_id, step_id_for(record.analysis_revision)):
-                raise LifecycleError(
-                    "REOPEN_REQUIRED",
-                    f"revision {record.analysis_revision} has a confirmed case; reopen the case before appending",
-                )
             if record.state == "BLOCKED":
                 raise LifecycleError("ILLEGAL_TRANSITION", "the case is BLOCKED; resume it before appending")
             staged = read_append_source(source_path, staging_dir=ws.staging_dir())
@@ -155,13 +150,19 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 _check_returning_index(returning, files, manifest)
                 _check_prior_roles_kept(returning, package, manifest, record.analysis_revision, limits)
                 if _already_held(package, manifest, index_bytes, staged.files):
-                    # A repeated append (a retried CI step): a generation would
-                    # change nothing a build reads, and the user meant none.
+                    # A repeated append (a retried CI step, also after its
+                    # build): a generation would change nothing a build reads,
+                    # and the user meant none.
                     _out(
                         f"nothing to append to case {case_id}: its index and all {len(staged.files)} files are "
                         f"already in generation {record.generation}"
                     )
                     return
+                if record.state == "COMPLETED" or store.confirmed(case_id, step_id_for(record.analysis_revision)):
+                    raise LifecycleError(
+                        "REOPEN_REQUIRED",
+                        f"revision {record.analysis_revision} has a confirmed case; reopen the case before appending",
+                    )
                 dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
                 new_manifest = PackageWriter(package).publish(

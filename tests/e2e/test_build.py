@@ -540,6 +540,21 @@ def test_a_repeated_append_changes_nothing(tmp_path, admitted):
     assert len(kit.manifests(ws, "c1")) == 3
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0, built.stderr
+    # a job step retried after its build: still nothing to append, and the build reuses
+    after_build = kit.tree_digest(ws)
+    retried = kit.doit("append", "case=c1", f"source={other}", workspace=ws)
+    assert retried.returncode == 0 and "nothing to append" in retried.stdout, retried.stderr
+    assert kit.tree_digest(ws) == after_build
+    manifests_before = len(kit.manifests(ws, "c1"))
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0 and ".  publish" not in rebuilt.stderr, rebuilt.stderr
+    assert len(kit.manifests(ws, "c1")) == manifests_before
+    # while anything new still needs a reopen
+    new = kit.make_append(tmp_path / "app4", files={"original/late.log": "late\n"},
+                          index=kit.index(reports=["original/report-r.json"], database=["original/db.sql"]))
+    refused = kit.doit("append", "case=c1", f"source={new}", workspace=ws)
+    assert refused.returncode != 0 and "REOPEN_REQUIRED" in refused.stderr
+    assert kit.tree_digest(ws) == after_build
 
 
 def test_the_plan_stays_current_when_an_earlier_index_named_the_output(tmp_path):
