@@ -11,6 +11,7 @@ and a crash after publication is confirmed on retry (see recovery.py).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -107,7 +108,22 @@ def hold_case_lock(ws, case_id: str, timeout: float = 60.0) -> None:
         return
     manager = case_lock(ws, case_id, timeout=timeout)
     manager.__enter__()
+    if not _HELD:
+        atexit.register(_release_held_locks)
     _HELD[key] = manager
+
+
+def _release_held_locks() -> None:
+    """Leave the locks :func:`hold_case_lock` took, at exit: while the modules
+    are intact. Left to interpreter shutdown, the lock's generator was closed
+    after module globals had been cleared, which printed an 'Exception
+    ignored' traceback (the kernel drops the flock at exit either way)."""
+    while _HELD:
+        _key, manager = _HELD.popitem()
+        try:
+            manager.__exit__(None, None, None)
+        except Exception:
+            pass
 
 
 @contextlib.contextmanager
