@@ -115,9 +115,12 @@ def hold_case_lock(ws, case_id: str, timeout: float = 60.0) -> None:
 
 def _release_held_locks() -> None:
     """Leave the locks :func:`hold_case_lock` took, at exit: while the modules
-    are intact. Left to interpreter shutdown, the lock's generator was closed
-    after module globals had been cleared, which printed an 'Exception
-    ignored' traceback (the kernel drops the flock at exit either way)."""
+    are intact. doit runs freeze what is alive at exit
+    (:func:`pipeline.doitcli.skip_the_exit_collections`), so no shutdown
+    collection finalizes the lock's generator early; left to shutdown, it was
+    closed while module globals were being cleared (in some teardown orders
+    after ``_leave_held`` was gone), printing an 'Exception ignored'
+    traceback. The kernel drops the flock at exit either way."""
     while _HELD:
         _key, manager = _HELD.popitem()
         try:

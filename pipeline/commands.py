@@ -135,7 +135,22 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
         with _caught_up(ws, store, case_id) as (record, package):
             if record.state == "BLOCKED":
                 raise LifecycleError("ILLEGAL_TRANSITION", "the case is BLOCKED; resume it before appending")
-            staged = read_append_source(source_path, staging_dir=ws.staging_dir())
+            confirmed = record.state == "COMPLETED" or store.confirmed(case_id, step_id_for(record.analysis_revision))
+
+            def reopen_required() -> LifecycleError:
+                return LifecycleError(
+                    "REOPEN_REQUIRED",
+                    f"revision {record.analysis_revision} has a confirmed case; reopen the case before appending",
+                )
+
+            def only_a_repeat(index_bytes: bytes, sizes: dict[str, int]) -> None:
+                # A confirmed revision takes nothing new: refuse before copying
+                # a byte unless this can only be a repeat (same index bytes,
+                # every file already there with its size); hashes decide later.
+                if confirmed and not _may_be_held(package.manifest(record.generation), index_bytes, sizes):
+                    raise reopen_required()
+
+            staged = read_append_source(source_path, staging_dir=ws.staging_dir(), before_staging=only_a_repeat)
             try:
                 index_bytes = staged.index_bytes
                 read_document(index_bytes, "case-inputs", path="case-inputs.json", max_bytes=limits.document_bytes)
@@ -158,11 +173,8 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                         f"already in generation {record.generation}"
                     )
                     return
-                if record.state == "COMPLETED" or store.confirmed(case_id, step_id_for(record.analysis_revision)):
-                    raise LifecycleError(
-                        "REOPEN_REQUIRED",
-                        f"revision {record.analysis_revision} has a confirmed case; reopen the case before appending",
-                    )
+                if confirmed:
+                    raise reopen_required()
                 dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
                 new_manifest = PackageWriter(package).publish(
@@ -187,6 +199,19 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
             f"(an inherited document that fails its contract is dropped with a SUPERSEDED_INPUT gap): "
             + ", ".join(one_line(path) for path in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
         )
+
+
+def _may_be_held(manifest: dict, index_bytes: bytes, sizes: dict[str, int]) -> bool:
+    """What :func:`_already_held` would find from sizes alone (no content read)."""
+    import hashlib
+
+    current = manifest.get("artifacts", {}).get("case_inputs")
+    entries = manifest["files"]
+    if not current or current not in entries or entries[current]["size"] != len(index_bytes):
+        return False
+    if entries[current]["sha256"] != hashlib.sha256(index_bytes).hexdigest():
+        return False
+    return all(path in entries and entries[path]["size"] == size for path, size in sizes.items())
 
 
 def _already_held(package, manifest: dict, index_bytes: bytes, files: dict) -> bool:

@@ -1418,6 +1418,7 @@ def read_append_source(
     *,
     staging_dir: os.PathLike | str | None = None,
     progress: Progress | None = None,
+    before_staging: Callable[[bytes, dict[str, int]], None] | None = None,
 ) -> AppendSource:
     """Inspect and stage a ``doit append`` source; return ``(index_bytes, {content path: staged Path})``.
 
@@ -1435,6 +1436,9 @@ def read_append_source(
     Errors: as :func:`admit` for the source, ``INDEX_MISSING``, ``JSON_*``,
     ``LIMIT_EXCEEDED``, ``SCHEMA_VIOLATION``/``UNSUPPORTED_VERSION`` for the
     index, ``RESERVED_PATH`` for content under ``case/`` or ``inputs/``.
+    ``before_staging(index_bytes, {content path: size})`` runs once the index
+    is read and before anything is decoded or copied; whatever it raises
+    ends the call with nothing staged.
     """
     if progress is None:
         progress = StderrProgress()
@@ -1444,9 +1448,11 @@ def read_append_source(
         if APPEND_INDEX not in src.files:
             raise AdmissionError("INDEX_MISSING", "the append source has no case-inputs.json at its root", path=src.label)
         index_bytes = src.read_small(APPEND_INDEX, limits.manifest_bytes)
+        content = {rel: size for rel, size in src.files.items() if rel != APPEND_INDEX}
+        if before_staging is not None:
+            before_staging(bytes(index_bytes), dict(content))
         index = decode_strict(index_bytes, max_bytes=limits.manifest_bytes, path=APPEND_INDEX, error=AdmissionError)
         contracts.validate("case-inputs", index, path=APPEND_INDEX, error=AdmissionError)
-        content = {rel: size for rel, size in src.files.items() if rel != APPEND_INDEX}
         _check_reserved(content)
         if staging_dir is not None:
             # The workspace's staging: trees of killed appends and admissions

@@ -600,3 +600,20 @@ def test_a_build_process_ends_without_teardown_noise(admitted):
         )
         assert result.returncode == 0, result.stderr
         assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_confirmed_revision_refuses_new_appends_before_copying_anything(tmp_path, admitted):
+    """Only a repeat can pass a confirmed revision, and whether it may be one
+    is known from the index bytes and the file sizes: anything else is
+    REOPEN_REQUIRED before the source is decoded or staged."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws)
+    broken = kit.make_append(tmp_path / "broken", files={"original/big.bin": b"x" * 300_000}, index={})
+    (broken / "case-inputs.json").write_text("{not json", encoding="utf-8")
+    fresh = kit.make_append(tmp_path / "fresh", files={"original/big.bin": b"y" * 300_000},
+                            index=kit.index(reports=["original/report-a.json"]))
+    for source in (broken, fresh):
+        result = kit.doit("append", "case=c1", f"source={source}", workspace=ws)
+        assert result.returncode != 0 and result.stderr.startswith("REOPEN_REQUIRED"), result.stderr
+        assert kit.tree_digest(ws) == before  # nothing staged, not even for a moment's trace
