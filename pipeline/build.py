@@ -422,9 +422,10 @@ def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
     fragments_float_free = True
     for doc in plan["documents"]:
         record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
-        if not record_path.exists():
-            raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"])
-        record = cache.read_json_fast(record_path)
+        try:
+            record = cache.read_json_fast(record_path)
+        except FileNotFoundError:
+            raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"]) from None
         if "rejected" in record:
             if not doc.get("lenient"):
                 problem = record["rejected"]
@@ -533,12 +534,17 @@ def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
     }
     # The assembler makes no float of its own: every value of the case comes
     # from the snapshot or is a count, an id or a text it builds. The fragments
-    # were measured when read; the rest (small) is measured here.
-    rest_float_free = fragments_float_free and all(
-        float_free(value) if key not in ("reports", "reproductions")
-        else all(float_free({k: v for k, v in entry.items() if k != "fragment"}) for entry in value)
-        for key, value in snapshot.items()
-    )
+    # were measured when read; the rest (small) is measured here, but for the
+    # prior case's view, of which the case takes only id strings (_Ids) and
+    # the reference (path, sha256, size).
+    def measured(key, value):
+        if key in ("reports", "reproductions"):
+            return all(float_free({k: v for k, v in entry.items() if k != "fragment"}) for entry in value)
+        if key == "prior_case" and value is not None:
+            return float_free({k: v for k, v in value.items() if k != "document"})
+        return float_free(value)
+
+    rest_float_free = fragments_float_free and all(measured(key, value) for key, value in snapshot.items())
     return snapshot, rest_float_free
 
 

@@ -909,3 +909,43 @@ def test_a_fragment_made_for_another_inline_limit_is_refused():
     with pytest.raises(CaseBuildError) as caught:
         assemble(snap)
     assert caught.value.code == "INTEGRITY_ERROR" and caught.value.path == "doc/r"
+
+
+def _with_floats(value):
+    """``value`` with every number turned into a float and a float added to every object."""
+    if isinstance(value, dict):
+        return {**{k: _with_floats(v) for k, v in value.items()}, "x-float": 0.5}
+    if isinstance(value, list):
+        return [_with_floats(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value) + 0.25
+    return value
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.tuples(st.just("report"), _rich_report_st), st.tuples(st.just("repro"), _rich_repro_st)), max_size=5),
+       st.integers(2, 40))
+def test_the_prior_case_gives_the_case_no_float(docs, limit):
+    """The build leaves the prior case's view out of its float walk
+    (pipeline.build._snapshot): sound only if assemble takes nothing but id
+    strings from it, whatever else the prior document holds."""
+    from pipeline.jsoncanon import float_free
+    from pipeline.prior import prior_case_view
+
+    reports = [(f"doc/{i}", d, i) for i, (role, d) in enumerate(docs) if role == "report"]
+    repros = [(f"doc/{i}", d, i) for i, (role, d) in enumerate(docs) if role == "repro"]
+    first = assemble(snapshot(reports, repros, files=["runtime/events.log"], limit=limit))
+    floated = _with_floats(first)
+    # ids and provenance stay as they were: they are what _Ids reads and checks.
+    for block, name in (("human_observations", "observations"), ("human_observations", "comments"),
+                        ("human_observations", "tester_hypotheses"), ("expected_behavior", "statements"), ("runtime_facts", "facts")):
+        floated[block][name] = [{**f, "id": o["id"], "provenance": o["provenance"]} for f, o in zip(floated[block][name], first[block][name])]
+    floated["format_version"] = first["format_version"]
+    for document in (floated, prior_case_view(floated)):
+        second = snapshot(reports, repros, files=["runtime/events.log"], limit=limit, revision=2, generation=3,
+                          prior=as_prior(first) | {"document": document})
+        rest = {k: v for k, v in second.items() if k != "prior_case"}
+        if float_free(rest):
+            case = assemble(second)
+            assert float_free(case)
+            assert pretty_bytes(case, known_float_free=True) == pretty_bytes(case)

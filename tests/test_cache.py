@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,38 @@ def test_doit_runs_end_without_collecting_what_is_left(tmp_path):
     lines = result.stdout.split()
     assert lines[:2] == ["registered", "2"]  # ours once, beside the reporting hook
     assert int(lines[2].split("=")[1]) >= 100000  # the list's dicts and lists among them
+
+
+def test_the_dep_file_is_read_in_one_query_and_answers_as_doit_stored_it(tmp_path):
+    """doit's sqlite3 backend queries the file once per task; the build's is
+    read whole when opened (pipeline.doitcli._read_the_dep_file_in_one_query)."""
+    from doit.dependency import JSONCodec, SqliteDB
+
+    from pipeline.doitcli import _read_the_dep_file_in_one_query
+
+    dep = str(tmp_path / "doit.sqlite3")
+    _read_the_dep_file_in_one_query()
+    first = SqliteDB(dep, codec=JSONCodec())
+    for n in range(50):
+        first.set(f"read_input:doc/{n}.json", "checker:", {"n": n, "names": ["a", "é"]})
+    first.set("assemble", "_config_changed", "abc")
+    first.dump()
+
+    second = SqliteDB(dep, codec=JSONCodec())
+    statements = []
+    second._conn.set_trace_callback(statements.append)
+    for n in range(50):
+        assert second.in_(f"read_input:doc/{n}.json")
+        assert second.get(f"read_input:doc/{n}.json", "checker:") == {"n": n, "names": ["a", "é"]}
+    assert second.get("assemble", "_config_changed") == "abc"
+    assert not second.in_("render") and second.get("render", "_config_changed") is None
+    assert statements == []  # all of it answered from what opening read
+    # What it saves stays readable record by record, as doit's own backend reads it.
+    second.set("render", "_config_changed", "def")
+    second.remove("read_input:doc/0.json")
+    second.dump()
+    plain = sqlite3.connect(dep)
+    rows = dict(plain.execute("select task_id, task_data from doit"))
+    plain.close()
+    assert json.loads(rows["render"]) == {"_config_changed": "def"}
+    assert "read_input:doc/0.json" not in rows and json.loads(rows["read_input:doc/1.json"])["checker:"]["n"] == 1
