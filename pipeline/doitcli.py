@@ -201,12 +201,26 @@ def skip_the_exit_collections() -> None:
     skip_the_exit_collections.registered = True
 
 
+def collect_no_cycles_during_the_run() -> None:
+    """Leave the cyclic garbage collector off for the rest of a doit run.
+
+    The build steps already run without it (:func:`guarded`); between them
+    doit loads and checks hundreds of tasks, and every collection it triggers
+    traverses the build's live objects: 50 collections, ~16 ms of an append
+    rebuild and ~8 ms of a no-op here. A doit run is one short process whose
+    memory the limits bound, and reference counting still frees everything
+    but garbage in reference cycles, of which a run makes little; the
+    collector is not needed until the process exits."""
+    gc.disable()
+
+
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
     """DOIT_CONFIG for this invocation (see module docstring)."""
     from .workspace import Workspace, validate_id
 
     report_interrupts_on_one_line()
     skip_the_exit_collections()
+    collect_no_cycles_during_the_run()
     argv = sys.argv if argv is None else argv
     config = {
         "backend": "sqlite3",
