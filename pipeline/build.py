@@ -21,6 +21,7 @@ from pathlib import Path
 from . import BUILDER_VERSION
 from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError
+from .doitcli import remember_file_digest
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .plan import check_limits, make_plan, step_id_for
@@ -48,6 +49,9 @@ _HELD: dict[tuple[str, str], object] = {}
 # megabytes of JSON back into the very same dict costs each of them
 # milliseconds. Matched by content, so a record changed in between is decoded.
 _ASSEMBLED: list[tuple[bytes, dict]] = []
+# The summary render wrote in this process: publication takes this very
+# object, whose digest is then already known (jsoncanon.sha256_hex).
+_RENDERED: list[bytes] = []
 
 
 def _case_from(data: bytes) -> dict:
@@ -626,6 +630,7 @@ def step_assemble(workspace_root, case_id) -> None:
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
     cache.write(cache.case_json, data)
+    remember_file_digest(cache.case_json, data)
     _ASSEMBLED[:] = [(data, case)]
 
 
@@ -681,6 +686,8 @@ def step_render(workspace_root, case_id) -> None:
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
     cache.write(cache.summary, data)
+    remember_file_digest(cache.summary, data)
+    _RENDERED[:] = [data]
     if memo.worth_keeping():
         try:
             cache.write_msgpack(cache.escape_memo, memo.used)
@@ -695,6 +702,14 @@ def _read_escape_memo(cache: BuildCache) -> dict[str, str]:
         return cache.read_msgpack(cache.escape_memo, dict[str, str])
     except (OSError, VianoError):
         return {}
+
+
+def _held_if_equal(data: bytes, held: list[bytes]) -> bytes:
+    """The object this process made for ``data`` when it is the same bytes."""
+    for candidate in held:
+        if candidate == data:
+            return candidate
+    return data
 
 
 def _case_built(plan: dict, case_bytes: bytes, summary_bytes: bytes) -> bytes:
@@ -734,8 +749,8 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
-    case_bytes = cache.case_json.read_bytes()
-    summary_bytes = cache.summary.read_bytes()
+    case_bytes = _held_if_equal(cache.case_json.read_bytes(), [data for data, _ in _ASSEMBLED])
+    summary_bytes = _held_if_equal(cache.summary.read_bytes(), _RENDERED)
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
     outputs = plan["outputs"]
     with _locked(ws, case_id):

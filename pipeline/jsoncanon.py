@@ -338,8 +338,27 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(canonical_bytes(value)).hexdigest()
 
 
+# A build hashes each output it publishes where it is written to the cache,
+# for the checkpoint artifact and where the package writer writes it: the
+# same bytes object three times over. The last few large ones are remembered
+# with their digest; holding them keeps the identity test meaningful.
+_REMEMBERED_DIGESTS: list[tuple[bytes, str]] = []
+_REMEMBER_FROM = 1024
+_REMEMBER_COUNT = 4
+
+
 def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """SHA-256 hex of ``data``; a large ``bytes`` object hashed moments ago
+    (one of the last few) is not hashed again."""
+    if type(data) is not bytes or len(data) < _REMEMBER_FROM:
+        return hashlib.sha256(data).hexdigest()
+    for held, digest in _REMEMBERED_DIGESTS:
+        if held is data:
+            return digest
+    digest = hashlib.sha256(data).hexdigest()
+    _REMEMBERED_DIGESTS.append((data, digest))
+    del _REMEMBERED_DIGESTS[:-_REMEMBER_COUNT]
+    return digest
 
 
 def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:

@@ -49,7 +49,7 @@ from typing import Callable, Mapping
 
 from .errors import CaseBuildError, IntegrityError, VianoError
 from .faults import crashpoint
-from .jsoncanon import decode_strict, json_copy, pretty_bytes
+from .jsoncanon import decode_strict, json_copy, pretty_bytes, sha256_hex
 from .workspace import (
     ID_PATTERN,
     Workspace,
@@ -345,9 +345,9 @@ def _write_all(fd: int, data: bytes) -> None:
 def _fill_temp(fd: int, source, label: str, progress: Progress | None) -> tuple[str, int]:
     """Copy ``source`` into ``fd``, hashing each chunk as it passes (one read, one hash)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
+        data = bytes(source)  # the very object when it is bytes already
         _write_all(fd, data)
-        return hashlib.sha256(data).hexdigest(), len(data)
+        return sha256_hex(data), len(data)
     src = _open_source(source, label)
     try:
         digest = hashlib.sha256()

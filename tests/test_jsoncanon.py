@@ -259,3 +259,18 @@ def test_canonical_fast_path_edge_cases():
         canonical_bytes({"\ud800": 1})
     with pytest.raises(TypeError):
         canonical_bytes({"x": {1, 2}})
+
+
+@given(st.lists(st.binary(min_size=0, max_size=3000), min_size=1, max_size=12), st.lists(st.integers(0, 11), max_size=30))
+def test_sha256_hex_is_the_digest_whatever_it_remembers(blobs, order):
+    """sha256_hex remembers the digests of the last few large bytes objects
+    by identity; any sequence of calls still gives each object's own digest,
+    also for equal bytes in distinct objects and for bytearrays."""
+    import hashlib
+
+    from pipeline.jsoncanon import sha256_hex
+
+    objects = [bytes(b) for b in blobs] + [bytes(blobs[0]), bytearray(blobs[0])]
+    for index in order + list(range(len(objects))):
+        data = objects[index % len(objects)]
+        assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
