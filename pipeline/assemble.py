@@ -79,7 +79,6 @@ GAP_CODES: dict[str, str] = {
 }
 
 _NAMESPACES = ("O", "C", "T", "E", "F")
-_ID_RE = re.compile(r"^([OCTEF])([0-9]{4,})$")
 _REPORT_BLOCKS = (("observations", "O"), ("comments", "C"), ("tester_hypotheses", "T"), ("expected_behavior", "E"))
 _BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
@@ -165,19 +164,25 @@ class _Ids:
                 ("F", doc["runtime_facts"]["facts"]),
             ]
             used: set[str] = set()
+            prior = self._prior
             for ns, records in groups:
+                highest = self._next[ns] - 1
                 for record in records:
                     rid = record["id"]
                     prov = record["provenance"]
-                    match = _ID_RE.match(rid) if isinstance(rid, str) else None
-                    if match is None or match.group(1) != ns or rid in used:
+                    # ^[OCTEF][0-9]{4,}, ASCII digits, in the namespace (no regex: thousands per rebuild).
+                    digits = rid[1:] if isinstance(rid, str) else ""
+                    if len(digits) < 4 or rid[0] != ns or not digits.isascii() or not digits.isdigit() or rid in used:
                         raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case has a malformed or repeated id {rid!r}")
                     key = (ns, prov["source"], prov["pointer"])
-                    if key in self._prior:
+                    if key in prior:
                         raise CaseBuildError("INCOMPATIBLE_CASE", "prior case gives one source pointer two ids")
                     used.add(rid)
-                    self._prior[key] = rid
-                    self._next[ns] = max(self._next[ns], int(match.group(2)) + 1)
+                    prior[key] = rid
+                    number = int(digits)
+                    if number > highest:
+                        highest = number
+                self._next[ns] = highest + 1
         except (KeyError, TypeError) as exc:
             raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case lacks a required block ({exc})") from None
 
@@ -451,6 +456,13 @@ def _fragment_of(role: str, doc: dict, limit: int) -> dict:
     return fragment
 
 
+def _owned_statement(rid: str, fragment_statement: dict) -> dict:
+    """:func:`_copied_statement` for a fragment nobody else holds: the same
+    statement, made by giving the fragment's own dict its id."""
+    fragment_statement["id"] = rid
+    return fragment_statement
+
+
 def _copied_statement(rid: str, fragment_statement: dict) -> dict:
     out = {"id": rid, "text": fragment_statement["text"], "provenance": dict(fragment_statement["provenance"])}
     for field in ("author", "observed_at"):
@@ -462,18 +474,27 @@ def _copied_statement(rid: str, fragment_statement: dict) -> dict:
     return out
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
 # --------------------------------------------------------------------------- assemble
 
 
-def assemble(snapshot: dict) -> dict:
+def assemble(snapshot: dict, *, owned: bool = False) -> dict:
     """Build the canonical case document (docs/internals.md) from ``snapshot``.
 
     Pure and deterministic; raises :class:`CaseBuildError` with a stable code
     (``REFERENCE_UNSAFE``, ``REFERENCE_MISSING``, ``RESEARCH_INVALID``,
     ``INCOMPATIBLE_CASE``, ``DUPLICATE_SOURCE``, ``SCHEMA_VIOLATION``) and the
     referring document's path and pointer. The snapshot is never mutated and
-    the result shares no mutable object with it.
+    the result shares no mutable object with it, unless ``owned``: then the
+    caller gives up the snapshot's cached fragments, whose statements, fact
+    values and steps become the case's own (the same case, without copying
+    thousands of records the caller would discard anyway).
     """
+    statement_from = _owned_statement if owned else _copied_statement
+    take = _as_is if owned else json_copy
     manifest = snapshot["manifest"]
     files = snapshot.get("files") or {}
     limit = (snapshot.get("limits") or {}).get("inline_fact_value", DEFAULT_INLINE_FACT_VALUE)
@@ -502,7 +523,7 @@ def assemble(snapshot: dict) -> dict:
                     target.append({"text": fragment[field], "provenance": {"kind": "tester_report", "source": source, "pointer": "/" + field}})
             for ns, statements in fragment["blocks"]:
                 for item in statements:
-                    statement = _copied_statement(ids.get(ns, source, item["provenance"]["pointer"]), item)
+                    statement = statement_from(ids.get(ns, source, item["provenance"]["pointer"]), item)
                     if ns == "E":
                         statement["origin"] = "tester"
                     blocks[ns].append(statement)
@@ -511,23 +532,23 @@ def assemble(snapshot: dict) -> dict:
         else:
             observation_ids = []
             for item in fragment["observations"]:
-                statement = _copied_statement(ids.get("O", source, item["provenance"]["pointer"]), item)
+                statement = statement_from(ids.get("O", source, item["provenance"]["pointer"]), item)
                 blocks["O"].append(statement)
                 observation_ids.append(statement["id"])
             fact_ids = []
             for item in fragment["facts"]:
-                fact = {"id": ids.get("F", source, item["provenance"]["pointer"]), "name": item["name"], "provenance": dict(item["provenance"])}
+                fact = {"id": ids.get("F", source, item["provenance"]["pointer"]), "name": item["name"], "provenance": take(item["provenance"])}
                 if "value_ref" in item:
-                    fact["value_ref"] = dict(item["value_ref"])
+                    fact["value_ref"] = take(item["value_ref"])
                 else:
-                    fact["value"] = json_copy(item["value"])
+                    fact["value"] = take(item["value"])
                 facts.append(fact)
                 fact_ids.append(fact["id"])
             events = fragment["events_ref"]
             repro_records.append(
                 {
                     "source": source,
-                    "steps": [dict(step) for step in fragment["steps"]],
+                    "steps": take(fragment["steps"]),
                     "observation_ids": observation_ids,
                     "fact_ids": fact_ids,
                     "events_ref": None if events is None else _resolve_ref(events, files, source, "/events_ref"),

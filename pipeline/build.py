@@ -624,7 +624,7 @@ def step_assemble(workspace_root, case_id) -> None:
         cache.write(cache.case_json, data)
         return
     snapshot, snapshot_float_free = _snapshot(cache, plan)
-    case = assemble(snapshot)
+    case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
     _check_case_contract(case, data, plan["outputs"]["case"])
     if len(data) > plan["limits"]["case_bytes"]:

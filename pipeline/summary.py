@@ -112,7 +112,11 @@ def _char_escape(code: int) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+@functools.cache
 def _visible_table() -> dict[int, str]:
+    """What :func:`visible_text` shows in place of each invisible character.
+    Built on first use: most renders never meet such a character, and its
+    2,000 entries (every lone surrogate) cost an import about a millisecond."""
     table: dict[int, str] = {}
     controls = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]
     bidi = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
@@ -122,25 +126,15 @@ def _visible_table() -> dict[int, str]:
     return table
 
 
-_VISIBLE = _visible_table()
 # A run of @ is matched whole: it becomes one code span (see _backslashed).
 _PUNCTUATION_RE = re.compile("@+|[" + re.escape(string.punctuation.replace("@", "")) + "]")
 
-
-def _char_class(codes) -> str:
-    """A regex character class of ``codes``, written as escaped ranges."""
-    codes = sorted(codes)
-    ranges, start = [], codes[0]
-    for previous, code in zip(codes, codes[1:] + [None]):
-        if code != previous + 1:
-            ranges.append(f"\\U{start:08x}" + (f"-\\U{previous:08x}" if previous != start else ""))
-            start = code
-    return "[" + "".join(ranges) + "]"
-
-
-# Anything visible_text would change; most supplied text has none of it, and
-# one search is several times cheaper than the substitution and translation.
-_NEEDS_VISIBLE_RE = re.compile(_char_class(set(_VISIBLE) | {ord(c) for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}))
+# Anything visible_text would change: the table's characters and the line
+# breaks (a test holds the two together). Most supplied text has none of it,
+# and one search is several times cheaper than the substitution and translation.
+_NEEDS_VISIBLE_RE = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def _backslashed(match: re.Match) -> str:
@@ -160,7 +154,7 @@ def visible_text(text: str) -> str:
     """
     if _NEEDS_VISIBLE_RE.search(text) is None:
         return text
-    return _LINE_BREAK_RE.sub(LINE_BREAK_MARKER, text).translate(_VISIBLE)
+    return _LINE_BREAK_RE.sub(LINE_BREAK_MARKER, text).translate(_visible_table())
 
 
 def _whitespace_ref(char: str) -> str:

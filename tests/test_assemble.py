@@ -282,6 +282,30 @@ def test_incompatible_prior_case_is_rejected():
         assert err.value.code == "INCOMPATIBLE_CASE"
 
 
+@pytest.mark.parametrize("bad_id", ["O12", "O001", "C0002", "X0001", "O\u0660\u0661\u0662\u0663", "O0001\n", "O+001", 7, None, ""])
+def test_a_prior_id_that_is_not_its_namespace_letter_and_four_ascii_digits_is_incompatible(bad_id):
+    observed = report(observations=[{"text": "a"}, {"text": "b"}])
+    case = assemble(snapshot([("r1", observed, 0)]))
+    case["human_observations"]["observations"][1]["id"] = bad_id
+    with pytest.raises(CaseBuildError) as err:
+        assemble(snapshot([("r1", observed, 0)], prior=as_prior(case)))
+    assert err.value.code == "INCOMPATIBLE_CASE"
+
+
+def test_prior_ids_are_kept_and_new_ones_follow_the_highest():
+    observed = report(observations=[{"text": "a"}, {"text": "b"}])
+    case = assemble(snapshot([("r1", observed, 0)]))
+    case["human_observations"]["observations"][0]["id"] = "O00012"
+    case["human_observations"]["observations"][1]["id"] = "O0003"
+    again = assemble(snapshot([("r1", observed, 0), ("r2", report(observations=[{"text": "c"}]), 1)], prior=as_prior(case)))
+    assert [o["id"] for o in again["human_observations"]["observations"]] == ["O00012", "O0003", "O0013"]
+    repeated = copy.deepcopy(case)
+    repeated["human_observations"]["observations"][1]["id"] = "O00012"
+    with pytest.raises(CaseBuildError) as err:
+        assemble(snapshot([("r1", observed, 0)], prior=as_prior(repeated)))
+    assert err.value.code == "INCOMPATIBLE_CASE"
+
+
 def test_same_document_listed_twice_is_a_duplicate_source():
     snap = snapshot([("r1", report(observations=[{"text": "a"}]), 0), ("r1", report(observations=[{"text": "a"}]), 1)])
     with pytest.raises(CaseBuildError) as err:
@@ -880,7 +904,10 @@ def test_cached_fragments_assemble_exactly_like_documents(docs, limit):
         for entry in cached[key]:
             fragment = document_fragment(role, entry["path"], entry.pop("document"), limit)
             entry["fragment"] = json.loads(json.dumps(fragment))  # as the build cache stores it
-    assert pretty_bytes(assemble(cached)) == pretty_bytes(assemble(plain))
+    expected = pretty_bytes(assemble(plain))
+    assert pretty_bytes(assemble(cached)) == expected
+    # The build hands its freshly decoded fragments over (owned=True): same case.
+    assert pretty_bytes(assemble(copy.deepcopy(cached), owned=True)) == expected
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -205,9 +205,9 @@ def _reference_escape(text: str) -> str:
     """The escaper's definition, written plainly (the module takes faster routes)."""
     import string
 
-    from pipeline.summary import _LINE_BREAK_RE, _VISIBLE, LINE_BREAK_MARKER
+    from pipeline.summary import _LINE_BREAK_RE, LINE_BREAK_MARKER, _visible_table
 
-    shown = _LINE_BREAK_RE.sub(LINE_BREAK_MARKER, text).translate(_VISIBLE)
+    shown = _LINE_BREAK_RE.sub(LINE_BREAK_MARKER, text).translate(_visible_table())
     core = shown.strip()
     ref = lambda c: f"&#x{ord(c):x};"
     if not core:
@@ -682,3 +682,15 @@ def test_same_bytes_under_other_hash_seed_locale_and_time_zone():
             env=env, capture_output=True, text=True, check=True,
         )
         assert out.stdout.strip() == expected
+
+
+def test_the_quick_search_finds_exactly_what_visible_text_changes():
+    """_NEEDS_VISIBLE_RE is written out as ranges; it must match exactly the
+    characters of the table and the line breaks, over all of Unicode."""
+    from pipeline.summary import _LINE_BREAK_RE, _NEEDS_VISIBLE_RE, _visible_table
+
+    table = _visible_table()
+    for code in range(0x110000):
+        char = chr(code)
+        changed = code in table or _LINE_BREAK_RE.search(char) is not None
+        assert (_NEEDS_VISIBLE_RE.search(char) is not None) == changed, hex(code)
