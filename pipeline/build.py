@@ -626,7 +626,7 @@ def step_assemble(workspace_root, case_id) -> None:
     snapshot, snapshot_float_free = _snapshot(cache, plan)
     case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
-    _check_case_contract(case, data, plan["outputs"]["case"])
+    _check_case_contract(case, data, plan["outputs"]["case"], cache)
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
     cache.write(cache.case_json, data)
@@ -648,13 +648,15 @@ def _published_bytes(ws, plan: dict, key: str, limit: int) -> bytes:
     return package.read_verified(path, max(limit, package.manifest()["files"].get(path, {}).get("size", 0)))
 
 
-def _check_case_contract(case: dict | None, data: bytes, path: str) -> None:
+def _check_case_contract(case: dict | None, data: bytes, path: str, cache: BuildCache | None = None) -> None:
     """The case must meet its own contract. The msgspec Struct decides quickly;
-    jsonschema runs only when it refuses, to name the precise pointer."""
+    jsonschema runs only when it refuses, to name the precise pointer. With
+    a ``cache``, records the last check passed are not converted again
+    (:mod:`pipeline.casecheck`)."""
     import msgspec
 
     import contracts
-    from contracts.case_structs import Case, decode_case
+    from contracts.case_structs import decode_case
 
     try:
         if case is None:
@@ -662,12 +664,44 @@ def _check_case_contract(case: dict | None, data: bytes, path: str) -> None:
         else:
             # The dict is what data encodes (pretty_bytes is exact); converting
             # it skips parsing a megabytes-large document once more.
-            msgspec.convert(case, Case)
+            from .casecheck import check_case
+
+            known = _read_checked_records(cache) if cache is not None else frozenset()
+            passed = check_case(case, known)
+            if cache is not None:
+                _keep_checked_records(cache, known, passed)
     except (msgspec.ValidationError, msgspec.DecodeError):
         if case is None:
             case = msgspec.json.decode(data)
         contracts.validate("case", case, path=path)
         raise CaseBuildError("SCHEMA_VIOLATION", "the case does not meet case-v1", path=path)
+
+
+def _read_checked_records(cache: BuildCache) -> frozenset[bytes]:
+    """The records the last check passed, or none when absent, unreadable or
+    checked by another msgspec (whose Structs might decide otherwise)."""
+    import msgspec
+
+    try:
+        version, keys = cache.read_msgpack(cache.checked_records, tuple[str, list[bytes]])
+    except (OSError, VianoError):
+        return frozenset()
+    return frozenset(keys) if version == msgspec.__version__ else frozenset()
+
+
+def _keep_checked_records(cache: BuildCache, known: frozenset[bytes], passed: set[bytes]) -> None:
+    """Leave this check's records for the next one, unless they differ from
+    what it was given by less than an eighth: an append adds a few records,
+    which the next check converts again more cheaply than the set is rewritten."""
+    import msgspec
+
+    if len(passed - known) * 8 <= len(passed) and len(known - passed) * 8 <= len(known):
+        return
+    try:
+        cache.write_msgpack(cache.checked_records, (msgspec.__version__, sorted(passed)))
+        cache.remove_other_checked_records()
+    except OSError:
+        pass  # only a head start for the next check
 
 
 def step_render(workspace_root, case_id) -> None:

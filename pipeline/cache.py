@@ -99,9 +99,20 @@ class BuildCache:
 
     def remove_other_escape_memos(self) -> None:
         """Escape memos of other builder code: never read again."""
-        keep = self.escape_memo.name
-        for stale in self.escape_memo.parent.glob("escapes.*.msgpack"):
-            if stale.name != keep:
+        self._remove_other_versions(self.escape_memo, "escapes")
+
+    @property
+    def checked_records(self) -> Path:
+        """The case records the last contract check passed (:mod:`pipeline.casecheck`),
+        under the builder code whose contracts they passed."""
+        return self.root / "out" / f"checked.{self._code}.msgpack"
+
+    def remove_other_checked_records(self) -> None:
+        self._remove_other_versions(self.checked_records, "checked")
+
+    def _remove_other_versions(self, current: Path, stem: str) -> None:
+        for stale in current.parent.glob(f"{stem}.*.msgpack"):
+            if stale.name != current.name:
                 stale.unlink(missing_ok=True)
 
     @property
