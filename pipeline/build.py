@@ -706,7 +706,7 @@ def _keep_checked_records(cache: BuildCache, known: frozenset[bytes], passed: se
 
 def step_render(workspace_root, case_id) -> None:
     """render: the summary from case.json only (pure render_summary)."""
-    from .summary import EscapeMemo, render_summary
+    from .summary import EscapeMemo, LineMemo, render_summary
 
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
@@ -716,18 +716,31 @@ def step_render(workspace_root, case_id) -> None:
         return
     case = _case_from(cache.read_bytes(cache.case_json))  # written by assemble, already checked against case-v1
     memo = EscapeMemo(_read_escape_memo(cache))
-    data = render_summary(case, memo).encode("utf-8")
+    lines = LineMemo(_read_line_memo(cache))
+    data = render_summary(case, memo, lines).encode("utf-8")
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
     cache.write(cache.summary, data)
     remember_file_digest(cache.summary, data)
     _RENDERED[:] = [data]
-    if memo.worth_keeping():
-        try:
-            cache.write_msgpack(cache.escape_memo, memo.used)
-            cache.remove_other_escape_memos()
-        except OSError:
-            pass  # only a head start for the next render
+    for kept, path, remove_others in (
+        (memo, cache.escape_memo, cache.remove_other_escape_memos),
+        (lines, cache.line_memo, cache.remove_other_line_memos),
+    ):
+        if kept.worth_keeping():
+            try:
+                cache.write_msgpack(path, kept.used)
+                remove_others()
+            except OSError:
+                pass  # only a head start for the next render
+
+
+def _read_line_memo(cache: BuildCache) -> dict[bytes, str]:
+    """The previous render's statement lines, or none when absent or unreadable."""
+    try:
+        return cache.read_msgpack(cache.line_memo, dict[bytes, str])
+    except (OSError, VianoError):
+        return {}
 
 
 def _read_escape_memo(cache: BuildCache) -> dict[str, str]:

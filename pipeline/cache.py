@@ -102,6 +102,15 @@ class BuildCache:
         self._remove_other_versions(self.escape_memo, "escapes")
 
     @property
+    def line_memo(self) -> Path:
+        """The statement lines of the last render (:class:`pipeline.summary.LineMemo`),
+        under the builder code that rendered them."""
+        return self.root / "out" / f"lines.{self._code}.msgpack"
+
+    def remove_other_line_memos(self) -> None:
+        self._remove_other_versions(self.line_memo, "lines")
+
+    @property
     def checked_records(self) -> Path:
         """The case records the last contract check passed (:mod:`pipeline.casecheck`),
         under the builder code whose contracts they passed."""

@@ -51,6 +51,7 @@ from .jsoncanon import canonical_bytes
 
 __all__ = [
     "EscapeMemo",
+    "LineMemo",
     "LINE_BREAK_MARKER",
     "NONE_SUPPLIED",
     "SECTION_HEADINGS",
@@ -181,46 +182,66 @@ def _escape_inline(text: str) -> str:
     )
 
 
-class EscapeMemo:
+class _CarriedMemo:
+    """Results of a pure function of a key, carried from one render to the next.
+
+    ``earlier`` holds pairs an earlier render collected (the caller vouches
+    for them, as for any cache record); :attr:`used` collects the pairs this
+    render needed, which is what the next render should be given.
+    """
+
+    def __init__(self, earlier: dict | None = None) -> None:
+        self.earlier = earlier or {}
+        self.used: dict = {}
+        self.missed = 0
+
+    def _lookup(self, key, make):
+        value = self.used.get(key)
+        if value is None:
+            value = self.earlier.get(key)
+            if value is None:
+                value = make()
+                self.missed += 1
+            self.used[key] = value
+        return value
+
+    def worth_keeping(self) -> bool:
+        """Whether :attr:`used` should replace ``earlier`` for the next render:
+        when it differs by more than an eighth either way. A rebuild after an
+        append needs a few new pairs, and the next render can make those few
+        again more cheaply than the memo can be rewritten."""
+        stale = len(self.earlier) - (len(self.used) - self.missed)
+        return self.missed * 8 > len(self.used) or stale * 8 > len(self.earlier)
+
+
+class EscapeMemo(_CarriedMemo):
     """Escaped forms of long supplied strings, carried from one render to the next.
 
     Escaping is a pure function of the string, and the render of a rebuild
     after an append escapes again nearly every string the previous render did:
-    megabytes of text, most of a render's time. ``earlier`` holds pairs an
-    earlier render collected (the caller vouches for them, as for any cache
-    record); :attr:`used` collects the long strings this render escaped, with
-    their escaped forms, which is what the next render should be given.
+    megabytes of text, most of a render's time.
     """
 
     #: Shorter strings (ids, pointers, sizes) repeat and are cheap: the
     #: in-process cache covers them.
     MIN_LENGTH = 8
 
-    def __init__(self, earlier: dict[str, str] | None = None) -> None:
-        self.earlier = earlier or {}
-        self.used: dict[str, str] = {}
-        self.missed = 0
-
     def escape(self, text: str) -> str:
-        escaped = self.used.get(text)
-        if escaped is None:
-            escaped = self.earlier.get(text)
-            if escaped is None:
-                escaped = _escape_inline(text)
-                self.missed += 1
-            self.used[text] = escaped
-        return escaped
+        return self._lookup(text, lambda: _escape_inline(text))
 
-    def worth_keeping(self) -> bool:
-        """Whether :attr:`used` should replace ``earlier`` for the next render:
-        when it differs by more than an eighth either way. A rebuild after an
-        append escapes a few new strings, and the next render can escape
-        those few again more cheaply than the memo can be rewritten."""
-        stale = len(self.earlier) - (len(self.used) - self.missed)
-        return self.missed * 8 > len(self.used) or stale * 8 > len(self.earlier)
+
+class LineMemo(_CarriedMemo):
+    """Rendered statement lines, carried from one render to the next, keyed
+    by the exact JSON encoding of what the line is made of (:func:`_line_key`).
+
+    A statement's line is a pure function of the statement and its label, and
+    a rebuild after an append renders again every statement the previous
+    render did: a few thousand lines, most of what remains of a render.
+    """
 
 
 _ACTIVE_MEMO: contextvars.ContextVar[EscapeMemo | None] = contextvars.ContextVar("viano_escape_memo", default=None)
+_ACTIVE_LINES: contextvars.ContextVar[LineMemo | None] = contextvars.ContextVar("viano_line_memo", default=None)
 
 
 def escape_inline(text: str) -> str:
@@ -299,6 +320,33 @@ def _bullets(items: list[str]) -> str:
 
 
 def _statement(s: dict, extra: str = "", refs: str = "") -> str:
+    lines = _ACTIVE_LINES.get()
+    if lines is not None:
+        key = _line_key(s, extra, refs)
+        if key is not None:
+            return lines._lookup(key, lambda: _statement_line(s, extra, refs))
+    return _statement_line(s, extra, refs)
+
+
+_line_encoder = None
+
+
+def _line_key(s: dict, extra: str, refs: str) -> bytes | None:
+    """The exact JSON encoding of a statement and its label: equal keys,
+    equal lines. None when it has no encoding (a lone surrogate): that line
+    is rendered, never remembered."""
+    global _line_encoder
+    if _line_encoder is None:
+        import msgspec  # lazily: only a build's render carries lines
+
+        _line_encoder = msgspec.json.Encoder().encode
+    try:
+        return _line_encoder((extra, refs, s))
+    except (TypeError, ValueError, OverflowError):  # UnicodeEncodeError is a ValueError
+        return None
+
+
+def _statement_line(s: dict, extra: str, refs: str) -> str:
     details = []
     if "author" in s:
         details.append(f"author: {_scalar(s['author'])}")
@@ -578,17 +626,20 @@ def _inputs(case: dict) -> list[str]:
     return [_table(["Role", "Path", "SHA-256", "Size (bytes)"], rows)]
 
 
-def render_summary(case: dict, memo: EscapeMemo | None = None) -> str:
+def render_summary(case: dict, memo: EscapeMemo | None = None, lines: LineMemo | None = None) -> str:
     """Render ``case`` as Markdown; same case, same string; ends with one newline.
 
     ``case`` must have the pinned shape (a missing required field raises
-    ``KeyError``); it is read only, never modified. A ``memo`` only saves
-    work: the string is the same with any memo whose pairs are true escapes.
+    ``KeyError``); it is read only, never modified. A ``memo`` and ``lines``
+    only save work: the string is the same with any memo whose pairs are true
+    escapes and any line memo whose pairs are true lines.
     """
     token = _ACTIVE_MEMO.set(memo)
+    line_token = _ACTIVE_LINES.set(lines)
     try:
         return _render(case)
     finally:
+        _ACTIVE_LINES.reset(line_token)
         _ACTIVE_MEMO.reset(token)
 
 

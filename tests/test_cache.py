@@ -91,6 +91,18 @@ def test_an_unreadable_escape_memo_is_no_memo(tmp_path):
         assert _read_escape_memo(cache) == {}
 
 
+def test_an_unreadable_line_memo_is_no_memo(tmp_path):
+    from pipeline.build import _read_line_memo
+
+    cache = BuildCache(tmp_path)
+    assert _read_line_memo(cache) == {}
+    cache.write_msgpack(cache.line_memo, {b'["","",{}]': "a line"})
+    assert _read_line_memo(cache) == {b'["","",{}]': "a line"}
+    for damaged in (b"\xc1garbage", b"", msgspec_bytes({"text": 3}), msgspec_bytes({"text": "str keys"}), msgspec_bytes(["a"])):
+        cache.write(cache.line_memo, damaged)
+        assert _read_line_memo(cache) == {}
+
+
 def msgspec_bytes(value) -> bytes:
     import msgspec
 

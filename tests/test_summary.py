@@ -620,6 +620,41 @@ def test_an_escape_memo_changes_no_output_and_carries_what_was_escaped():
     assert summary._ACTIVE_MEMO.get() is None  # no memo is left active for later escapes
 
 
+def test_a_line_memo_changes_no_output_and_carries_the_statement_lines():
+    case = full_case()
+    plain = render_summary(case)
+    first = summary.LineMemo()
+    assert render_summary(case, summary.EscapeMemo(), first) == plain
+    statements = (case["human_observations"]["observations"] + case["human_observations"]["comments"]
+                  + case["human_observations"]["tester_hypotheses"] + case["expected_behavior"]["statements"])
+    assert len(first.used) == len(statements) and first.missed == len(statements) and first.worth_keeping()
+    assert all(line in plain for line in first.used.values())
+    second = summary.LineMemo(dict(first.used))
+    assert render_summary(case, None, second) == plain and second.missed == 0 and not second.worth_keeping()
+    stale = summary.LineMemo({b'["","",{}]': "gone", **first.used})
+    assert render_summary(case, summary.EscapeMemo(), stale) == plain and b'["","",{}]' not in stale.used
+    # The memo is what the render takes a line from: a false pair shows (the
+    # build vouches for its records as for every cache record).
+    key = next(iter(first.used))
+    forged = summary.LineMemo({**first.used, key: "FORGED LINE"})
+    assert "FORGED LINE" in render_summary(case, None, forged)
+    # Equal keys are equal statements: a changed statement is a new key.
+    changed = copy.deepcopy(case)
+    changed["human_observations"]["observations"][0]["text"] += " more"
+    reused = summary.LineMemo(dict(first.used))
+    assert render_summary(changed, None, reused) == render_summary(changed) and reused.missed == 1
+    assert summary._ACTIVE_LINES.get() is None
+
+
+def test_a_statement_with_no_encoding_is_rendered_not_remembered():
+    case = full_case()
+    case["human_observations"]["comments"][0]["text"] = "half \ud800 a pair"
+    lines = summary.LineMemo()
+    assert render_summary(case, None, lines) == render_summary(case)
+    assert not any("ud800" in line or "\ud800" in line for line in lines.used.values())
+    assert len(lines.used) == lines.missed  # everything else was remembered
+
+
 def test_dict_order_does_not_matter():
     case = full_case()
 
