@@ -234,6 +234,7 @@ def test_the_dep_file_is_read_in_one_query_and_answers_as_doit_stored_it(tmp_pat
     assert second.get("assemble", "_config_changed") == "abc"
     assert not second.in_("render") and second.get("render", "_config_changed") is None
     assert statements == []  # all of it answered from what opening read
+    assert second._conn.execute("PRAGMA synchronous").fetchone()["synchronous"] == 0  # disposable: saved without syncs
     # What it saves stays readable record by record, as doit's own backend reads it.
     second.set("render", "_config_changed", "def")
     second.remove("read_input:doc/0.json")
