@@ -21,7 +21,7 @@ from pathlib import Path
 from . import BUILDER_VERSION
 from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError
-from .doitcli import remember_file_digest
+from .doitcli import file_version, remember_file_digest
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .plan import check_limits, make_plan, step_id_for
@@ -49,16 +49,36 @@ _HELD: dict[tuple[str, str], object] = {}
 # megabytes of JSON back into the very same dict costs each of them
 # milliseconds. Matched by content, so a record changed in between is decoded.
 _ASSEMBLED: list[tuple[bytes, dict]] = []
-# The summary render wrote in this process: publication takes this very
-# object, whose digest is then already known (jsoncanon.sha256_hex).
-_RENDERED: list[bytes] = []
+# The outputs this process wrote to the cache, by path: (file version, bytes).
+# A later step of the same run takes the very bytes object instead of reading
+# megabytes back, as long as the file is still that version; publication then
+# finds its digest already known (jsoncanon.sha256_hex).
+_WRITTEN: dict[str, tuple[tuple, bytes]] = {}
+
+
+def _write_output(cache: BuildCache, path: Path, data: bytes) -> None:
+    cache.write(path, data)
+    _WRITTEN[os.fspath(path)] = (remember_file_digest(path, data), data)
+
+
+def _read_output(cache: BuildCache, path: Path) -> bytes:
+    """A cache output's bytes: the object this process wrote when the file
+    is still that version, else read (and bounded) like any record."""
+    held = _WRITTEN.get(os.fspath(path))
+    if held is not None:
+        try:
+            if file_version(path) == held[0]:
+                return held[1]
+        except OSError:
+            pass
+    return cache.read_bytes(path)
 
 
 def _case_from(data: bytes) -> dict:
     import msgspec
 
     for written, case in _ASSEMBLED:
-        if written == data:
+        if written is data or written == data:
             return case
     try:
         return msgspec.json.decode(data)
@@ -621,7 +641,7 @@ def step_assemble(workspace_root, case_id) -> None:
         # a reuse into a different document.
         data = _published_bytes(ws, plan, "case", plan["limits"]["case_bytes"])
         _check_case_contract(None, data, plan["outputs"]["case"])
-        cache.write(cache.case_json, data)
+        _write_output(cache, cache.case_json, data)
         return
     snapshot, snapshot_float_free = _snapshot(cache, plan)
     case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
@@ -629,8 +649,7 @@ def step_assemble(workspace_root, case_id) -> None:
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
-    cache.write(cache.case_json, data)
-    remember_file_digest(cache.case_json, data)
+    _write_output(cache, cache.case_json, data)
     _ASSEMBLED[:] = [(data, case)]
 
 
@@ -712,17 +731,15 @@ def step_render(workspace_root, case_id) -> None:
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     if _reusing(cache):
-        cache.write(cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
+        _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
-    case = _case_from(cache.read_bytes(cache.case_json))  # written by assemble, already checked against case-v1
+    case = _case_from(_read_output(cache, cache.case_json))  # written by assemble, already checked against case-v1
     memo = EscapeMemo(_read_escape_memo(cache))
     lines = LineMemo(_read_line_memo(cache))
     data = render_summary(case, memo, lines).encode("utf-8")
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
-    cache.write(cache.summary, data)
-    remember_file_digest(cache.summary, data)
-    _RENDERED[:] = [data]
+    _write_output(cache, cache.summary, data)
     for kept, path, remove_others in (
         (memo, cache.escape_memo, cache.remove_other_escape_memos),
         (lines, cache.line_memo, cache.remove_other_line_memos),
@@ -749,14 +766,6 @@ def _read_escape_memo(cache: BuildCache) -> dict[str, str]:
         return cache.read_msgpack(cache.escape_memo, dict[str, str])
     except (OSError, VianoError):
         return {}
-
-
-def _held_if_equal(data: bytes, held: list[bytes]) -> bytes:
-    """The object this process made for ``data`` when it is the same bytes."""
-    for candidate in held:
-        if candidate == data:
-            return candidate
-    return data
 
 
 def _case_built(plan: dict, case_bytes: bytes, summary_bytes: bytes) -> bytes:
@@ -796,8 +805,8 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
-    case_bytes = _held_if_equal(cache.case_json.read_bytes(), [data for data, _ in _ASSEMBLED])
-    summary_bytes = _held_if_equal(cache.summary.read_bytes(), _RENDERED)
+    case_bytes = _read_output(cache, cache.case_json)
+    summary_bytes = _read_output(cache, cache.summary)
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
     outputs = plan["outputs"]
     with _locked(ws, case_id):

@@ -74,16 +74,26 @@ def _sha256_file(path) -> str:
         return digest
 
 
-def remember_file_digest(path, data: bytes) -> None:
-    """Record that ``path``, as it stands now, holds ``data``: a step that has
-    just written a file doit checks as a dependency (case.json, the summary)
-    already has its bytes, whose digest publication needs too, so doit's
-    check does not read and hash the file again. Under the case lock nothing
-    else writes the build's cache between the write and this call."""
+def file_version(path) -> tuple:
+    """What tells one version of a cache file from another: cache files are
+    only ever replaced by rename (a new inode), and the key holds the inode
+    and change time as well as the size."""
+    st = os.stat(path)
+    return (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def remember_file_digest(path, data: bytes) -> tuple:
+    """Record that ``path``, as it stands now, holds ``data``, and return
+    that version's key (:func:`file_version`): a step that has just written
+    a file doit checks as a dependency (case.json, the summary) already has
+    its bytes, whose digest publication needs too, so doit's check does not
+    read and hash the file again. Under the case lock nothing else writes the
+    build's cache between the write and this call."""
     from .jsoncanon import sha256_hex
 
-    st = os.stat(path)
-    _DIGESTS[(os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)] = sha256_hex(data)
+    version = file_version(path)
+    _DIGESTS[version] = sha256_hex(data)
+    return version
 
 
 class OneLineReporter(ConsoleReporter):

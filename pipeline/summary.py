@@ -324,8 +324,19 @@ def _statement(s: dict, extra: str = "", refs: str = "") -> str:
     if lines is not None:
         key = _line_key(s, extra, refs)
         if key is not None:
-            return lines._lookup(key, lambda: _statement_line(s, extra, refs))
+            return lines._lookup(key, lambda: _line_escaping_unremembered(s, extra, refs))
     return _statement_line(s, extra, refs)
+
+
+def _line_escaping_unremembered(s: dict, extra: str, refs: str) -> str:
+    """A line the line memo will carry: the escapes made for it need not be
+    carried too, and leaving them out keeps the escape memo a fraction of
+    the size (what is left: titles, steps, facts, entities, paths)."""
+    token = _ACTIVE_MEMO.set(None)
+    try:
+        return _statement_line(s, extra, refs)
+    finally:
+        _ACTIVE_MEMO.reset(token)
 
 
 _line_encoder = None

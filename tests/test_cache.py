@@ -307,3 +307,18 @@ def test_a_build_hashes_each_output_it_publishes_once(tmp_path):
     revision = next((ws / "cases/sample/packages").glob("*/content/case/revisions/0001"))
     for name in ("case.json", "case_summary.md"):
         assert hashed.count((revision / name).stat().st_size) == 1, name
+
+
+def test_an_output_is_taken_from_memory_only_while_the_file_is_what_this_process_wrote(tmp_path):
+    from pipeline.build import _read_output, _write_output
+
+    cache = BuildCache(tmp_path / "c")
+    first = b"{}" * 5000
+    _write_output(cache, cache.case_json, first)
+    assert _read_output(cache, cache.case_json) is first
+    cache.write(cache.case_json, b"[]" * 5000)  # replaced behind the step's back (a new inode)
+    assert _read_output(cache, cache.case_json) == b"[]" * 5000
+    _write_output(cache, cache.summary, b"# s\n")
+    cache.summary.unlink()
+    with pytest.raises(FileNotFoundError):
+        _read_output(cache, cache.summary)

@@ -628,6 +628,14 @@ def test_a_line_memo_changes_no_output_and_carries_the_statement_lines():
     statements = (case["human_observations"]["observations"] + case["human_observations"]["comments"]
                   + case["human_observations"]["tester_hypotheses"] + case["expected_behavior"]["statements"])
     assert len(first.used) == len(statements) and first.missed == len(statements) and first.worth_keeping()
+    # Escapes of carried lines are not carried as well.
+    both = summary.EscapeMemo()
+    assert render_summary(case, both, summary.LineMemo()) == plain
+    only_escapes = summary.EscapeMemo()
+    render_summary(case, only_escapes)
+    statement_texts = {s["text"] for s in statements if len(s["text"]) >= summary.EscapeMemo.MIN_LENGTH}
+    assert statement_texts and statement_texts <= set(only_escapes.used)
+    assert not statement_texts & set(both.used) and set(both.used) < set(only_escapes.used)
     assert all(line in plain for line in first.used.values())
     second = summary.LineMemo(dict(first.used))
     assert render_summary(case, None, second) == plain and second.missed == 0 and not second.worth_keeping()
