@@ -718,7 +718,7 @@ def _keep_checked_records(cache: BuildCache, known: frozenset[bytes], passed: se
         return
     try:
         cache.write_msgpack(cache.checked_records, (msgspec.__version__, sorted(passed)))
-        cache.remove_other_checked_records()
+        cache.remove_other_versions(cache.checked_records)
     except OSError:
         pass  # only a head start for the next check
 
@@ -740,14 +740,11 @@ def step_render(workspace_root, case_id) -> None:
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
     _write_output(cache, cache.summary, data)
-    for kept, path, remove_others in (
-        (memo, cache.escape_memo, cache.remove_other_escape_memos),
-        (lines, cache.line_memo, cache.remove_other_line_memos),
-    ):
+    for kept, path in ((memo, cache.escape_memo), (lines, cache.line_memo)):
         if kept.worth_keeping():
             try:
                 cache.write_msgpack(path, kept.used)
-                remove_others()
+                cache.remove_other_versions(path)
             except OSError:
                 pass  # only a head start for the next render
 

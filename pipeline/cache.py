@@ -93,33 +93,26 @@ class BuildCache:
 
     @property
     def escape_memo(self) -> Path:
-        """The escaped long strings of the last render (:class:`pipeline.summary.EscapeMemo`),
-        under the builder code that escaped them."""
-        return self.root / "out" / f"escapes.{self._code}.msgpack"
-
-    def remove_other_escape_memos(self) -> None:
-        """Escape memos of other builder code: never read again."""
-        self._remove_other_versions(self.escape_memo, "escapes")
+        """The escaped long strings of the last render (:class:`pipeline.summary.EscapeMemo`)."""
+        return self._by_code("escapes")
 
     @property
     def line_memo(self) -> Path:
-        """The statement lines of the last render (:class:`pipeline.summary.LineMemo`),
-        under the builder code that rendered them."""
-        return self.root / "out" / f"lines.{self._code}.msgpack"
-
-    def remove_other_line_memos(self) -> None:
-        self._remove_other_versions(self.line_memo, "lines")
+        """The statement lines of the last render (:class:`pipeline.summary.LineMemo`)."""
+        return self._by_code("lines")
 
     @property
     def checked_records(self) -> Path:
-        """The case records the last contract check passed (:mod:`pipeline.casecheck`),
-        under the builder code whose contracts they passed."""
-        return self.root / "out" / f"checked.{self._code}.msgpack"
+        """The case records the last contract check passed (:mod:`pipeline.casecheck`)."""
+        return self._by_code("checked")
 
-    def remove_other_checked_records(self) -> None:
-        self._remove_other_versions(self.checked_records, "checked")
+    def _by_code(self, stem: str) -> Path:
+        # Under the builder code that made it: another builder never reads it.
+        return self.root / "out" / f"{stem}.{self._code}.msgpack"
 
-    def _remove_other_versions(self, current: Path, stem: str) -> None:
+    def remove_other_versions(self, current: Path) -> None:
+        """Records like ``current`` made by other builder code: never read again."""
+        stem = current.name.split(".", 1)[0]
         for stale in current.parent.glob(f"{stem}.*.msgpack"):
             if stale.name != current.name:
                 stale.unlink(missing_ok=True)

@@ -116,7 +116,7 @@ def test_escape_memos_of_other_builder_code_are_removed(tmp_path):
     other.write_bytes(b"old")
     unrelated = cache.escape_memo.with_name("case.json")
     unrelated.write_bytes(b"{}")
-    cache.remove_other_escape_memos()
+    cache.remove_other_versions(cache.escape_memo)
     assert cache.escape_memo.exists() and unrelated.exists() and not other.exists()
 
 
@@ -250,44 +250,39 @@ def test_no_cyclic_collection_runs_once_doit_has_loaded_the_dodo_file(tmp_path):
     """Between the steps doit loads and checks hundreds of tasks; collections
     it triggered traversed the build's live objects (~16 ms of an append
     rebuild). The collector stays off from the dodo file on."""
+    built = _build_sample_watched(tmp_path / "ws", (
+        "late = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and hasattr(sys.modules.get('dodo'), 'DOIT_CONFIG') and late.append(info))\n"
+        "atexit.register(lambda: os.write(1, f'late-collections={len(late)}\\n'.encode()))\n"
+    ))
+    assert "late-collections=0" in built.stdout.splitlines()
+    assert ".  publish" in built.stderr
+
+
+def _build_sample_watched(ws: Path, watch: str):
+    """Admit the sample into ``ws``, then build it with the real doit in a
+    process that first runs ``watch`` (atexit, gc, hashlib, os and sys imported)."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parent.parent
     doit = str(Path(sys.executable).with_name("doit"))
-    ws = f"workspace={tmp_path / 'ws'}"
-    admitted = subprocess.run([doit, "admit", "case=sample", f"source={repo / 'fixtures/sample'}", ws],
+    admitted = subprocess.run([doit, "admit", "case=sample", f"source={repo / 'fixtures/sample'}", f"workspace={ws}"],
                               cwd=repo, capture_output=True, text=True)
     assert admitted.returncode == 0, admitted.stderr
-    wrapper = (
-        "import atexit, gc, os, sys\n"
-        "late = []\n"
-        "gc.callbacks.append(lambda phase, info: phase == 'start' and hasattr(sys.modules.get('dodo'), 'DOIT_CONFIG') and late.append(info))\n"
-        "atexit.register(lambda: os.write(1, f'late-collections={len(late)}\\n'.encode()))\n"
-        "sys.argv = ['doit', *sys.argv[1:]]\n"
-        "from doit.__main__ import main\n"
-        "main()\n"
-    )
-    built = subprocess.run([sys.executable, "-c", wrapper, "build", "case=sample", ws], cwd=repo, capture_output=True, text=True)
+    script = ("import atexit, gc, hashlib, os, sys\n" + watch
+              + "sys.argv = ['doit', *sys.argv[1:]]\nfrom doit.__main__ import main\nmain()\n")
+    built = subprocess.run([sys.executable, "-c", script, "build", "case=sample", f"workspace={ws}"],
+                           cwd=repo, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
-    assert "late-collections=0" in built.stdout.splitlines()
-    assert (tmp_path / "ws").exists() and ".  publish" in built.stderr
+    return built
 
 
 def test_a_build_hashes_each_output_it_publishes_once(tmp_path):
     """case.json and the summary were hashed three times each per build: for
     doit's dependency check, for case-built.json and by the package writer."""
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parent.parent
-    doit = str(Path(sys.executable).with_name("doit"))
     ws = tmp_path / "ws"
-    admitted = subprocess.run([doit, "admit", "case=sample", f"source={repo / 'fixtures/sample'}", f"workspace={ws}"],
-                              cwd=repo, capture_output=True, text=True)
-    assert admitted.returncode == 0, admitted.stderr
-    wrapper = (
-        "import atexit, hashlib, os, sys\n"
+    built = _build_sample_watched(ws, (
         "sizes = []\n"
         "real_sha256, real_file_digest = hashlib.sha256, hashlib.file_digest\n"
         "def sha256(data=b'', **kw):\n"
@@ -296,13 +291,7 @@ def test_a_build_hashes_each_output_it_publishes_once(tmp_path):
         "    sizes.append(os.fstat(handle.fileno()).st_size); return real_file_digest(handle, name, **kw)\n"
         "hashlib.sha256, hashlib.file_digest = sha256, file_digest\n"
         "atexit.register(lambda: os.write(1, ('hashed ' + ' '.join(map(str, sizes)) + '\\n').encode()))\n"
-        "sys.argv = ['doit', *sys.argv[1:]]\n"
-        "from doit.__main__ import main\n"
-        "main()\n"
-    )
-    built = subprocess.run([sys.executable, "-c", wrapper, "build", "case=sample", f"workspace={ws}"],
-                           cwd=repo, capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    ))
     hashed = [int(n) for n in built.stdout.splitlines()[-1].split()[1:]]
     revision = next((ws / "cases/sample/packages").glob("*/content/case/revisions/0001"))
     for name in ("case.json", "case_summary.md"):
