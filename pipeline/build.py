@@ -54,24 +54,32 @@ _ASSEMBLED: list[tuple[bytes, dict]] = []
 # megabytes back, as long as the file is still that version; publication then
 # finds its digest already known (jsoncanon.sha256_hex).
 _WRITTEN: dict[str, tuple[tuple, bytes]] = {}
+_WRITTEN_GUARD = threading.Lock()  # builds of other cases may run in other threads
 
 
 def _write_output(cache: BuildCache, path: Path, data: bytes) -> None:
     cache.write(path, data)
-    _WRITTEN[os.fspath(path)] = (remember_file_digest(path, data), data)
+    # Only the run's own outputs are held: a process that builds case after
+    # case (CaseBuilder) keeps those of one case directory at a time.
+    version = remember_file_digest(path, data)
+    with _WRITTEN_GUARD:
+        for other in [p for p in _WRITTEN if os.path.dirname(p) != os.fspath(path.parent)]:
+            del _WRITTEN[other]
+        _WRITTEN[os.fspath(path)] = (version, data)
 
 
-def _read_output(cache: BuildCache, path: Path) -> bytes:
+def _read_output(cache: BuildCache, path: Path, limit: int) -> bytes:
     """A cache output's bytes: the object this process wrote when the file
-    is still that version, else read (and bounded) like any record."""
-    held = _WRITTEN.get(os.fspath(path))
+    is still that version, else read, bounded by the output's ``limit``."""
+    with _WRITTEN_GUARD:
+        held = _WRITTEN.get(os.fspath(path))
     if held is not None:
         try:
             if file_version(path) == held[0]:
                 return held[1]
         except OSError:
             pass
-    return cache.read_bytes(path)
+    return cache.read_bytes(path, limit)
 
 
 def _case_from(data: bytes) -> dict:
@@ -733,7 +741,7 @@ def step_render(workspace_root, case_id) -> None:
     if _reusing(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
-    case = _case_from(_read_output(cache, cache.case_json))  # written by assemble, already checked against case-v1
+    case = _case_from(_read_output(cache, cache.case_json, plan["limits"]["case_bytes"]))  # written by assemble, checked against case-v1
     memo = EscapeMemo(_read_escape_memo(cache))
     lines = LineMemo(_read_line_memo(cache))
     data = render_summary(case, memo, lines).encode("utf-8")
@@ -802,8 +810,8 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
-    case_bytes = _read_output(cache, cache.case_json)
-    summary_bytes = _read_output(cache, cache.summary)
+    case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])
+    summary_bytes = _read_output(cache, cache.summary, plan["limits"]["summary_bytes"])
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
     outputs = plan["outputs"]
     with _locked(ws, case_id):

@@ -198,9 +198,10 @@ class BuildCache:
         duplicate-key and number checks guard untrusted input, not our cache)."""
         return self._read(path, json.loads)
 
-    def read_bytes(self, path: Path) -> bytes:
-        """One record's bytes, bounded like every record read."""
-        return self._read(path, bytes)
+    def read_bytes(self, path: Path, limit: int | None = None) -> bytes:
+        """One record's bytes, bounded like every record read (or by ``limit``
+        when larger: an output as large as its own limit allows)."""
+        return self._read(path, bytes, limit)
 
     def read_json_fast(self, path: Path):
         """:meth:`read_json` through msgspec, for the records a build reads by the
@@ -221,12 +222,13 @@ class BuildCache:
 
         self.write(path, msgspec.msgpack.encode(value))
 
-    def _read(self, path: Path, decode):
+    def _read(self, path: Path, decode, limit: int | None = None):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             # Sized from fstat: asking read() for the limit would allocate it whole.
+            bound = max(_CACHE_RECORD_LIMIT, limit or 0)
             size = os.fstat(fd).st_size
-            if size > _CACHE_RECORD_LIMIT:
+            if size > bound:
                 raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
             chunks = []
             remaining = size + 1  # one more byte tells a record that grew meanwhile
@@ -239,7 +241,7 @@ class BuildCache:
         finally:
             os.close(fd)
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if len(data) > _CACHE_RECORD_LIMIT:
+        if len(data) > bound:
             raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
         try:
             return decode(data)

@@ -40,13 +40,16 @@ RECORD_LISTS: tuple[tuple[str, str, type], ...] = (
     ("inputs", "unclassified", cs.Ref),
 )
 
-_encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder(order="sorted").encode
 
 
 def record_key(kind: type, record: Any) -> bytes | None:
-    """What a record is remembered by: its Struct's name and its exact JSON
-    encoding (equal keys, equal records). None when it has no encoding (a
-    lone surrogate): such a record is always checked."""
+    """What a record is remembered by: its Struct's name and its JSON
+    encoding with sorted keys. For values as JSON decoding makes them (what
+    a build's case holds) equal keys are equal records; beyond JSON they
+    need not be (NaN encodes as null, a tuple as a list), so the keys are
+    for cases made of decoded JSON only. None when a record has no encoding
+    (a lone surrogate): such a record is always checked."""
     try:
         return _encode((kind.__name__, record))
     except (TypeError, ValueError, OverflowError):  # UnicodeEncodeError is a ValueError

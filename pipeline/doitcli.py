@@ -232,8 +232,11 @@ def collect_no_cycles_during_the_run() -> None:
     rebuild and ~8 ms of a no-op here. A doit run is one short process whose
     memory the limits bound, and reference counting still frees everything
     but garbage in reference cycles, of which a run makes little; the
-    collector is not needed until the process exits."""
-    gc.disable()
+    collector is not needed until the process exits. Only under doit's
+    command line: a program that loads the dodo file in-process (doit's API,
+    a test) keeps its collector."""
+    if "doit.__main__" in sys.modules:
+        gc.disable()
 
 
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
@@ -330,26 +333,48 @@ def _read_the_dep_file_in_one_query() -> None:
     else changes it while the build holds the case lock, so every record is
     read in one query when doit opens the file and the rest is answered from
     memory. The records stay as doit stores them; saving them does not wait
-    for the disk.
+    for the disk. A record that does not decode (damage ``quick_check``
+    cannot see) makes the whole file disposable: it is removed and opened
+    afresh, so the build checks every task again instead of failing.
 
     Done by adapting doit's class, like the tolerant save above, rather than
     by a backend plugin: doit imports plugins before the dodo file, which
-    would tie ``pipeline`` to the installed copy instead of the dodo file's."""
+    would tie ``pipeline`` to the installed copy instead of the dodo file's.
+    Only doit's own methods are replaced, and only where they are what this
+    was written against (doit 0.36-0.37); otherwise doit's backend is kept.
+    (One difference doit never shows: a record ``doit ignore`` sets on a
+    task it has not checked is merged into the stored one, not replacing it;
+    only ``doit forget`` clears an ignore, and it removes the whole record.)"""
+    import sqlite3
+
     from doit.dependency import SqliteDB
 
     if getattr(SqliteDB.__init__, "viano_one_query", False):
         return
+    if not all(callable(getattr(SqliteDB, name, None)) for name in ("_sqlite3", "_get_task_data", "in_", "get", "set")):
+        return  # another doit: its own backend, query per task
     open_file = SqliteDB.__init__
     get_one = SqliteDB._get_task_data
     has_one = SqliteDB.in_
 
     def __init__(self, name, codec, *, module_name=None):
         open_file(self, name, codec, module_name=module_name)
+        if not isinstance(getattr(self, "_cache", None), dict) or getattr(self, "_conn", None) is None:
+            return
+        try:
+            rows = self._conn.execute("select task_id, task_data from doit").fetchall()
+        except (ValueError, sqlite3.DatabaseError):
+            # A record that does not decode: the file is disposable cache.
+            self._conn.close()
+            for stale in (name, f"{name}-journal", f"{name}-wal", f"{name}-shm"):
+                if os.path.exists(stale):
+                    os.unlink(stale)
+            open_file(self, name, codec, module_name=module_name)
+            rows = []
         # Disposable cache: a file a power cut leaves damaged is discarded by
-        # the next build (_discard_if_corrupt), which then checks every task
-        # again. Its save need not wait for the disk (four syncs per run).
+        # the next build, which then checks every task again. Its save need
+        # not wait for the disk (four syncs per run).
         self._conn.execute("PRAGMA synchronous = OFF")
-        rows = self._conn.execute("select task_id, task_data from doit").fetchall()
         self._cache = {row["task_id"]: row["task_data"] for row in rows}
         self.viano_all_read = True
 

@@ -343,14 +343,17 @@ _line_encoder = None
 
 
 def _line_key(s: dict, extra: str, refs: str) -> bytes | None:
-    """The exact JSON encoding of a statement and its label: equal keys,
-    equal lines. None when it has no encoding (a lone surrogate): that line
-    is rendered, never remembered."""
+    """The exact JSON encoding of a statement and its label: for the JSON
+    values a case holds, equal keys are equal statements, hence equal lines.
+    None when it has no encoding (a lone surrogate): that line is rendered,
+    never remembered."""
     global _line_encoder
     if _line_encoder is None:
         import msgspec  # lazily: only a build's render carries lines
 
-        _line_encoder = msgspec.json.Encoder().encode
+        # Sorted keys: a statement decoded from case.json (sorted) and one
+        # assemble built in this process (insertion order) meet the same line.
+        _line_encoder = msgspec.json.Encoder(order="sorted").encode
     try:
         return _line_encoder((extra, refs, s))
     except (TypeError, ValueError, OverflowError):  # UnicodeEncodeError is a ValueError

@@ -299,15 +299,70 @@ def test_a_build_hashes_each_output_it_publishes_once(tmp_path):
 
 
 def test_an_output_is_taken_from_memory_only_while_the_file_is_what_this_process_wrote(tmp_path):
-    from pipeline.build import _read_output, _write_output
+    from pipeline.build import _WRITTEN, _read_output, _write_output
 
     cache = BuildCache(tmp_path / "c")
     first = b"{}" * 5000
     _write_output(cache, cache.case_json, first)
-    assert _read_output(cache, cache.case_json) is first
+    assert _read_output(cache, cache.case_json, 1 << 20) is first
     cache.write(cache.case_json, b"[]" * 5000)  # replaced behind the step's back (a new inode)
-    assert _read_output(cache, cache.case_json) == b"[]" * 5000
+    assert _read_output(cache, cache.case_json, 1 << 20) == b"[]" * 5000
     _write_output(cache, cache.summary, b"# s\n")
     cache.summary.unlink()
     with pytest.raises(FileNotFoundError):
-        _read_output(cache, cache.summary)
+        _read_output(cache, cache.summary, 1 << 20)
+    # Only one case directory's outputs are held at a time.
+    other = BuildCache(tmp_path / "c2")
+    _write_output(other, other.case_json, b"{}")
+    assert [os.path.dirname(p) for p in _WRITTEN] == [os.fspath(other.case_json.parent)]
+
+
+def test_an_output_larger_than_a_cache_record_is_read_up_to_its_own_limit(tmp_path, monkeypatch):
+    import pipeline.cache
+    from pipeline.build import _read_output
+
+    monkeypatch.setattr(pipeline.cache, "_CACHE_RECORD_LIMIT", 1000)
+    cache = BuildCache(tmp_path / "c")
+    cache.write(cache.summary, b"x" * 5000)  # not written by this process: read from the file
+    assert _read_output(cache, cache.summary, 5000) == b"x" * 5000
+    with pytest.raises(VianoError) as too_large:
+        _read_output(cache, cache.summary, 4999)
+    assert too_large.value.code == "INTEGRITY_ERROR"
+
+
+def test_a_dep_file_record_that_does_not_decode_makes_the_file_disposable(tmp_path):
+    """quick_check sees the file's structure, not the JSON in its rows; such a
+    row used to stop every build with a traceback once the file was read whole."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    doit = str(Path(sys.executable).with_name("doit"))
+    ws = tmp_path / "ws"
+    run = lambda *args: subprocess.run([doit, *args, "case=sample", f"workspace={ws}"], cwd=repo, capture_output=True, text=True)
+    assert run("admit", f"source={repo / 'fixtures/sample'}").returncode == 0
+    assert run("build").returncode == 0
+    dep = ws / ".cache" / "sample" / "doit.sqlite3"
+    connection = sqlite3.connect(dep)
+    connection.execute("insert into doit values ('read_input:gone/old.json', '{not json')")
+    connection.commit()
+    connection.close()
+    again = run("build")
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr and "confirmed" in again.stdout
+    plain = sqlite3.connect(dep)
+    assert "read_input:gone/old.json" not in dict(plain.execute("select task_id, task_data from doit"))
+    plain.close()
+    assert run("build").returncode == 0
+
+
+def test_a_program_that_loads_the_dodo_configuration_in_process_keeps_its_collector(tmp_path):
+    import subprocess
+    import sys
+
+    script = ("import gc\nfrom pipeline.doitcli import doit_config\n"
+              "doit_config(None, None, argv=['doit', 'list'])\nprint(gc.isenabled())\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]

@@ -68,6 +68,11 @@ _MUTATIONS = [
     lambda c: c.pop("research"),
     lambda c: c["human_observations"].pop("comments"),
     lambda c: c.update(bug=[]),
+    # A record the earlier check passed, changed in place: its key changes with it.
+    lambda c: [o.update(id="X" + o["id"]) for o in c["human_observations"]["observations"][:1]] or c["case"].update(case_id=5),
+    lambda c: [s.update(text=" ") for s in c["expected_behavior"]["statements"][:1]] or c.update(format_version=2),
+    lambda c: [f.pop("name") for f in c["runtime_facts"]["facts"][:1]] or c["inputs"]["reports"].append(7),
+    lambda c: [r["steps"].append({"text": "x"}) for r in c["reproduction"]["reproductions"][:1]] or c.pop("entities"),
 ]
 
 
