@@ -28,6 +28,7 @@ from .workspace import ADMISSION_MARKER
 __all__ = ["roll_forward", "remove_unpublished_content"]
 
 _CASE_BUILT_LIMIT = 1024 * 1024
+_MANIFEST_PARSE_LIMIT = 64 * 1024 * 1024
 
 
 def roll_forward(store, package, case_id: str):
@@ -152,7 +153,11 @@ def _listed_count(package, generation: int) -> int:
 
     try:
         with open(package.manifests_dir / manifest_name(generation), "rb") as handle:
-            files = json.loads(handle.read(64 * 1024 * 1024)).get("files")
+            # Sized from fstat: read(limit) would allocate the whole limit first.
+            size = os.fstat(handle.fileno()).st_size
+            if size > _MANIFEST_PARSE_LIMIT:
+                return -1
+            files = json.loads(handle.read(size + 1)).get("files")
         return len(files) if isinstance(files, dict) else -1
     except (OSError, ValueError, AttributeError):
         return -1
