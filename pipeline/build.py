@@ -59,9 +59,9 @@ _WRITTEN_GUARD = threading.Lock()  # builds of other cases may run in other thre
 
 def _write_output(cache: BuildCache, path: Path, data: bytes) -> None:
     cache.write(path, data)
+    version = remember_file_digest(path, data)
     # Only the run's own outputs are held: a process that builds case after
     # case (CaseBuilder) keeps those of one case directory at a time.
-    version = remember_file_digest(path, data)
     with _WRITTEN_GUARD:
         for other in [p for p in _WRITTEN if os.path.dirname(p) != os.fspath(path.parent)]:
             del _WRITTEN[other]

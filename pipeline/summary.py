@@ -316,7 +316,8 @@ def _ref_table(refs: list) -> str:
 
 
 def _bullets(items: list[str]) -> str:
-    return "\n".join(f"- {item}" for item in items) if items else NONE_SUPPLIED
+    # One join, no per-item copies: a case's bullets are megabytes of text.
+    return "- " + "\n- ".join(items) if items else NONE_SUPPLIED
 
 
 def _statement(s: dict, extra: str = "", refs: str = "") -> str:
@@ -678,4 +679,6 @@ def _render(case: dict) -> str:
         blocks.append(_heading(2, title))
         blocks += build(case)
     # Blocks are separated by one blank line, so no block continues another.
-    return "\n\n".join(blocks) + "\n"
+    # The final newline joins the last (short) block, not a copy of the whole.
+    blocks[-1] += "\n"
+    return "\n\n".join(blocks)
