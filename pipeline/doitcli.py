@@ -235,8 +235,16 @@ def collect_no_cycles_during_the_run() -> None:
     collector is not needed until the process exits. Only under doit's
     command line: a program that loads the dodo file in-process (doit's API,
     a test) keeps its collector."""
-    if "doit.__main__" in sys.modules:
+    if _running_doit_command_line():
         gc.disable()
+
+
+def _running_doit_command_line() -> bool:
+    """The ``doit`` script imports ``doit.__main__``; ``python -m doit`` runs it as ``__main__``."""
+    if "doit.__main__" in sys.modules:
+        return True
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "doit.__main__"
 
 
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
@@ -363,8 +371,16 @@ def _read_the_dep_file_in_one_query() -> None:
             return
         try:
             rows = self._conn.execute("select task_id, task_data from doit").fetchall()
-        except (ValueError, sqlite3.DatabaseError):
-            # A record that does not decode: the file is disposable cache.
+            damaged = not all(isinstance(row["task_data"], dict) for row in rows)
+        except sqlite3.OperationalError as error:
+            if "locked" in str(error) or "busy" in str(error):
+                raise  # another program holds a sound file: as doit itself would say
+            damaged = True
+        except (ValueError, RecursionError, sqlite3.DatabaseError):
+            damaged = True  # a record that does not decode
+        if damaged:
+            # doit would fail on such a record whenever it reached its task;
+            # the file is disposable cache.
             self._conn.close()
             for stale in (name, f"{name}-journal", f"{name}-wal", f"{name}-shm"):
                 if os.path.exists(stale):

@@ -159,7 +159,7 @@ def _listed_count(package, generation: int) -> int:
                 return -1
             files = json.loads(handle.read(size + 1)).get("files")
         return len(files) if isinstance(files, dict) else -1
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return -1
 
 

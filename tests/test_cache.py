@@ -343,16 +343,19 @@ def test_a_dep_file_record_that_does_not_decode_makes_the_file_disposable(tmp_pa
     assert run("admit", f"source={repo / 'fixtures/sample'}").returncode == 0
     assert run("build").returncode == 0
     dep = ws / ".cache" / "sample" / "doit.sqlite3"
-    connection = sqlite3.connect(dep)
-    connection.execute("insert into doit values ('read_input:gone/old.json', '{not json')")
-    connection.commit()
-    connection.close()
-    again = run("build")
-    assert again.returncode == 0, again.stderr
-    assert "Traceback" not in again.stderr and "confirmed" in again.stdout
-    plain = sqlite3.connect(dep)
-    assert "read_input:gone/old.json" not in dict(plain.execute("select task_id, task_data from doit"))
-    plain.close()
+    # Bad JSON, nesting too deep to decode, and records that decode to no
+    # object (on which doit itself fails when it reaches the task).
+    for damage in ("{not json", "[" * 200000 + "]" * 200000, "5", "null", None):
+        connection = sqlite3.connect(dep)
+        connection.execute("insert or replace into doit values ('read_input:gone/old.json', ?)", (damage,))
+        connection.commit()
+        connection.close()
+        again = run("build")
+        assert again.returncode == 0, again.stderr
+        assert "Traceback" not in again.stderr and "confirmed" in again.stdout
+        plain = sqlite3.connect(dep)
+        assert "read_input:gone/old.json" not in dict(plain.execute("select task_id, task_data from doit"))
+        plain.close()
     assert run("build").returncode == 0
 
 
@@ -366,3 +369,17 @@ def test_a_program_that_loads_the_dodo_configuration_in_process_keeps_its_collec
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True"]
+
+
+def test_python_dash_m_doit_is_doits_command_line_too(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "dodo.py").write_text(
+        "import gc, sys\nsys.path.insert(0, %r)\nfrom pipeline.doitcli import doit_config\n"
+        "DOIT_CONFIG = doit_config(None, None)\n"
+        "def task_show():\n    return {'actions': [lambda: print('collector', gc.isenabled()) or None], 'verbosity': 2}\n" % str(repo))
+    result = subprocess.run([sys.executable, "-m", "doit", "show"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "collector False" in result.stdout
