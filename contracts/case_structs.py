@@ -61,16 +61,21 @@ __all__ = [
 CASE_FORMAT = "viano-case"
 CASE_FORMAT_VERSION = 1
 
-Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+#: End of input in both ECMA-262 (the schemas' regex dialect) and Python ``re``
+#: (which msgspec and jsonschema run): ``$`` would also match before a final
+#: newline in Python, so ``"O0001\n"`` would pass; ``\Z`` is not ECMA-262.
+_END = r"(?![\s\S])"
+
+Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 ContentPath = Annotated[str, Meta(min_length=1)]
-Pointer = Annotated[str, Meta(pattern="^(/([^~]|~[01])*)+$")]
+Pointer = Annotated[str, Meta(pattern=r"^(/([^~]|~[01])*)+(?![\s\S])")]
 NonBlank = Annotated[str, Meta(pattern=r"\S")]
 Size = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]
 
 
 def _id(letter: str) -> Any:
-    return Annotated[str, Meta(pattern=f"^{letter}[0-9]{{4,}}$")]
+    return Annotated[str, Meta(pattern=f"^{letter}[0-9]{{4,}}" + _END)]
 
 
 ObservationId = _id("O")

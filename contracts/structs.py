@@ -15,6 +15,9 @@ How each schema rule is restated:
   is refused exactly as the schema's ``type`` refuses it.
 * a nonblank string is ``min_length=1`` plus the pattern ``\\S``; both sides
   run Python's ``re.search``, so they agree on what whitespace is.
+* an anchored pattern ends in ``(?![\\s\\S])``, not ``$``: end of input in
+  ECMA-262 (the schemas' dialect) and in Python's ``re`` alike, whose ``$``
+  would also match before a final newline (``\\Z`` is not ECMA-262).
 * ``integer`` is a JSON integer: msgspec refuses ``1.0`` and ``true`` for
   ``int`` just as the contracts' validator does.
 * ``date-time`` is checked in ``__post_init__`` with the very function the
@@ -69,7 +72,7 @@ NonEmpty = Annotated[str, Meta(min_length=1)]
 SafeInt = Annotated[int, Meta(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
 Positive = Annotated[int, Meta(ge=1, le=MAX_SAFE_INTEGER)]
 Size = Annotated[int, Meta(ge=0, le=MAX_SAFE_INTEGER)]
-Sha256 = Annotated[str, Meta(min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")]
+Sha256 = Annotated[str, Meta(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 Paths = tuple[NonEmpty, ...]
 
 

@@ -73,4 +73,4 @@ class VerificationResponse(_Strict, kw_only=True):
 
     result: Literal["SUPPORTED", "UNSUPPORTED"]
     quality_score_millis: _Millis
-    evidence: Annotated[str, msgspec.Meta(pattern=r"^verification:[0-9a-f]{64}$")]
+    evidence: Annotated[str, msgspec.Meta(pattern=r"^verification:[0-9a-f]{64}(?![\s\S])")]

@@ -55,8 +55,8 @@ ADDRESS_FAILURE_LEAD = "Address this observed unresolved condition without assum
 MAX_PROMPT_CHARS = ORIGINAL_PROMPT_LIMIT + 2 + len(ADDRESS_FAILURE_LEAD) + FAILURE_SUMMARY_LIMIT
 UNRESOLVED_FIELDS = ("id", "original_prompt", "failure_summary", "evidence_artifact_ref")
 _TITLE_LIMIT = 300
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_RECORD_ID_RE = re.compile(r"^([A-Z])([0-9]{1,30})$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}(?![\s\S])")
+_RECORD_ID_RE = re.compile(r"^([A-Z])([0-9]{1,30})(?![\s\S])")
 _ID_LIMIT = 40
 
 

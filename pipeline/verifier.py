@@ -109,7 +109,7 @@ INVALID_MESSAGE = "invalid task verification request"
 _CODE = "INVALID_VERIFICATION_REQUEST"
 _READ_CHUNK = 16 * 1024
 _REQUEST_SCHEMA = "verification-request"
-_POINTER_RE = re.compile(r"^(/([^~/]|~[01])*)+$")
+_POINTER_RE = re.compile(r"^(/([^~/]|~[01])*)+(?![\s\S])")
 _ARRAY_INDEX_RE = re.compile(r"^(0|[1-9][0-9]*)$")
 
 

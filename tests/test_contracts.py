@@ -522,3 +522,251 @@ def test_a_case_confirmed_before_entity_kinds_and_research_requests_is_still_a_c
         contracts.validate("case", bad, path="case.json")
     with pytest.raises(msgspec.ValidationError):
         decode_case(json.dumps(bad).encode())
+
+
+# -- anchored patterns end at the end of input --------------------------------
+#
+# JSON Schema patterns are ECMA-262 regexes, where ``$`` is the end of input;
+# jsonschema and msgspec run them with Python's ``re.search``, where ``$`` also
+# matches just before a final "\n". So every anchored pattern, in the schemas
+# and in the Structs alike, ends in ``(?![\s\S])`` ("no character follows"),
+# which means end of input in both dialects (``\Z`` is not ECMA-262).
+
+END_OF_INPUT = r"(?![\s\S])"
+
+
+def _schema_patterns(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _schema_patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _schema_patterns(item)
+
+
+def _struct_patterns(info, seen=None):
+    """Every ``Meta(pattern=...)`` reachable from a msgspec type description."""
+    import msgspec.inspect as mi
+
+    seen = set() if seen is None else seen
+    if isinstance(info, mi.StrType):
+        if info.pattern is not None:
+            yield info.pattern
+    elif isinstance(info, mi.StructType):
+        if info.cls in seen:
+            return
+        seen.add(info.cls)
+        for field in info.fields:
+            yield from _struct_patterns(field.type, seen)
+    elif isinstance(info, mi.UnionType):
+        for member in info.types:
+            yield from _struct_patterns(member, seen)
+    elif isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+        yield from _struct_patterns(info.item_type, seen)
+    elif isinstance(info, mi.TupleType):
+        for member in info.item_types:
+            yield from _struct_patterns(member, seen)
+    elif isinstance(info, mi.DictType):
+        yield from _struct_patterns(info.key_type, seen)
+        yield from _struct_patterns(info.value_type, seen)
+
+
+def _all_struct_patterns() -> set[str]:
+    import msgspec.inspect as mi
+
+    from contracts import case_structs, verifier_structs
+
+    roots = [*STRUCTS.values(), case_structs.Case, verifier_structs.VerificationRequest,
+             verifier_structs.VerificationResponse]
+    return {pattern for root in roots for pattern in _struct_patterns(mi.type_info(root))}
+
+
+def test_no_contract_or_struct_pattern_ends_at_dollar():
+    schema_patterns = {p for schema in contracts.SCHEMAS.values() for p in _schema_patterns(schema)}
+    struct_patterns = _all_struct_patterns()
+    for pattern in schema_patterns | struct_patterns:
+        assert "$" not in pattern, pattern
+    anchored = {p for p in schema_patterns | struct_patterns if p.startswith("^") and p != "^/"}
+    assert anchored, "the contracts have anchored patterns"
+    for pattern in anchored:
+        assert pattern.endswith(END_OF_INPUT), pattern
+    # The Structs restate the schemas' patterns character for character.
+    assert struct_patterns <= schema_patterns, struct_patterns - schema_patterns
+
+
+def test_pipeline_copies_of_contract_patterns_are_the_contracts_own():
+    from pipeline import probes, verifier
+    from pipeline.errors import VerificationError
+
+    schema_patterns = {p for schema in contracts.SCHEMAS.values() for p in _schema_patterns(schema)}
+    sha256 = contracts.SCHEMAS["package-source"]["$defs"]["sha256"]["pattern"]
+    assert probes._SHA256_RE.pattern == sha256 == contracts.SCHEMAS["case"]["$defs"]["ref"]["properties"]["sha256"]["pattern"]  # noqa: SLF001
+    assert verifier._POINTER_RE.pattern in schema_patterns  # noqa: SLF001 - field_path of JSON_FIELD_EQUALS
+    assert probes._RECORD_ID_RE.pattern.endswith(END_OF_INPUT)  # noqa: SLF001
+    sha = "ab" * 32
+    assert probes.unresolved_from_case({"case": {"case_id": "c"}}, case_path="case.json", case_sha256=sha) is not None
+    for tail in ("\n", "\r\n"):
+        with pytest.raises(VerificationError) as info:
+            probes.unresolved_from_case({"case": {"case_id": "c"}}, case_path="case.json", case_sha256=sha + tail)
+        assert info.value.code == "INVALID_ARGUMENT"
+
+
+def _golden_case_with_a_research_result() -> dict:
+    from tests.conftest import FIXTURES
+
+    case = json.loads((FIXTURES / "golden" / "sample" / "case.json").read_text(encoding="utf-8"))
+    case["research"]["results"] = [{
+        "path": "research/aa/result.json", "sha256": "12" * 32, "request_hash": "ef" * 32,
+        "request": {"path": "research/aa/request.json", "sha256": "34" * 32, "size": 2},
+        "provider": {"name": "p", "version": "1"}, "status": "partial", "statement_ids": ["E0002"],
+    }]
+    return case
+
+
+def _at(document, pointer: str):
+    parts = [int(p) if p.isdigit() else p for p in pointer.split("/")[1:]]
+    parent = document
+    for part in parts[:-1]:
+        parent = parent[part]
+    return parent, parts[-1]
+
+
+#: (pointer, the value there) for every anchored id and digest of the case contract.
+CASE_ANCHORED = [
+    ("/case/request_hash", None),
+    ("/research/request_hash", None),
+    ("/inputs/reports/0/sha256", None),
+    ("/inputs/index/sha256", None),
+    ("/reproduction/reproductions/0/events_ref/sha256", None),
+    ("/research/results/0/sha256", None),
+    ("/research/results/0/request_hash", None),
+    ("/research/results/0/request/sha256", None),
+    ("/research/results/0/statement_ids/0", "E0002"),
+    ("/human_observations/observations/0/id", "O0001"),
+    ("/human_observations/comments/0/id", "C0001"),
+    ("/human_observations/tester_hypotheses/0/id", "T0001"),
+    ("/expected_behavior/statements/0/id", "E0001"),
+    ("/runtime_facts/facts/0/id", "F0001"),
+    ("/reproduction/reproductions/0/id", "R0001"),
+    ("/reproduction/reproductions/0/observation_ids/0", "O0006"),
+    ("/reproduction/reproductions/0/fact_ids/0", "F0001"),
+    ("/data_quality/claim_conflicts/0/values/0/id", "O0001"),
+]
+
+
+def _case_accepted(document) -> tuple[bool, bool]:
+    from contracts.case_structs import decode_case
+
+    try:
+        contracts.validate("case", document, path="case.json")
+        schema = True
+    except CaseBuildError as exc:
+        assert exc.code == "SCHEMA_VIOLATION"
+        schema = False
+    try:
+        decode_case(json.dumps(document).encode())
+        struct = True
+    except msgspec.ValidationError:
+        struct = False
+    return schema, struct
+
+
+@pytest.mark.parametrize("pointer,expected", CASE_ANCHORED, ids=[p for p, _ in CASE_ANCHORED])
+def test_case_ids_and_digests_refuse_a_trailing_newline_in_schema_and_struct(pointer, expected):
+    case = _golden_case_with_a_research_result()
+    parent, key = _at(case, pointer)
+    value = parent[key]
+    assert isinstance(value, str) and (expected is None and len(value) == 64 or value == expected), value
+    assert _case_accepted(case) == (True, True)
+    for tail in ("\n", "\r\n"):
+        parent[key] = value + tail
+        assert _case_accepted(case) == (False, False), (pointer, tail)
+    parent[key] = value
+    assert _case_accepted(case) == (True, True)
+
+
+def test_case_pointers_keep_their_meaning_a_token_may_end_in_a_newline():
+    """A pointer's last token may hold any character, a newline too (RFC 6901):
+    the new end anchor changes nothing there, in either engine."""
+    case = _golden_case_with_a_research_result()
+    for pointer in ("/human_observations/observations/0/provenance/pointer", "/entities/0/sources/0/pointer",
+                    "/reproduction/reproductions/0/steps/0/pointer", "/runtime_facts/facts/2/value_ref/pointer"):
+        parent, key = _at(case, pointer)
+        value = parent[key]
+        for candidate, accepted in ((value, True), (value + "\n", True), (value + "\r\n", True),
+                                    ("/a~\n", False), ("x/a\n", False), ("\n/a", False)):
+            parent[key] = candidate
+            assert _case_accepted(case) == (accepted, accepted), (pointer, candidate)
+        parent[key] = value
+
+
+def _manifest(sha256: str) -> dict:
+    return {"format": "viano-package", "format_version": 1, "case_id": "c", "package_id": "p",
+            "package_generation": 1, "analysis_revision": 1, "project": {"name": "n", "version": "v"},
+            "artifacts": {}, "files": {"a": {"sha256": sha256, "size": 0}}}
+
+
+def _source(sha256: str) -> dict:
+    return {"format": "viano-package", "format_version": 1, "package_id": "p", "project": {"name": "n", "version": "v"},
+            "analysis_revision": 1, "files": [{"path": "a", "sha256": sha256}]}
+
+
+def _result(sha256: str) -> dict:
+    return {"format": "viano-research-result", "format_version": 1, "provider": {"name": "p", "version": "1"},
+            "request_hash": sha256, "scope": "intended_behavior", "status": "not_found", "statements": [], "sources": []}
+
+
+@pytest.mark.parametrize("name,make", [("package-manifest", _manifest), ("package-source", _source),
+                                       ("research-result", _result)])
+def test_input_digests_refuse_a_trailing_newline_in_schema_and_struct(name, make):
+    for good in ("ab" * 32, "0" * 64):
+        assert schema_accepts(name, make(good)) and struct_accepts(name, make(good))
+        for bad in (good + "\n", good + "\r\n", good[:-1] + "\n", good[:-2] + "\r\n"):
+            assert not schema_accepts(name, make(bad)), bad
+            assert not struct_accepts(name, make(bad)), bad
+
+
+def test_verification_evidence_refuses_a_trailing_newline_in_schema_and_struct():
+    from contracts.verifier_structs import VerificationResponse
+
+    checker = contracts.validator("verification-response")
+
+    def accepted(evidence):
+        document = {"result": "SUPPORTED", "quality_score_millis": 1000, "evidence": evidence}
+        try:
+            msgspec.convert(document, VerificationResponse)
+            struct = True
+        except msgspec.ValidationError:
+            struct = False
+        return checker.is_valid(document), struct
+
+    good = "verification:" + "cd" * 32
+    assert accepted(good) == (True, True)
+    for tail in ("\n", "\r\n"):
+        assert accepted(good + tail) == (False, False), tail
+
+
+def test_verification_field_path_pointer_keeps_its_meaning():
+    """field_path's pointer syntax is judged by the schema and by the verifier's
+    fast path (Struct plus ``_POINTER_RE``); a trailing newline is part of the
+    last token there, as before, and both still agree."""
+    from pipeline import verifier
+    from pipeline.errors import VerificationError
+
+    def accepted(field_path):
+        document = {"case_id": "c", "response_text": "{}", "evidence_artifact_ref": "r", "latency_micros": 0,
+                    "verification": {"mode": "JSON_FIELD_EQUALS", "field_path": field_path,
+                                     "expected_text": "x", "minimum_quality_millis": 0}}
+        try:
+            verifier.parse_request(json.dumps(document).encode())
+            fast = True
+        except VerificationError:
+            fast = False
+        return contracts.validator("verification-request").is_valid(document), fast
+
+    for field_path, verdict in (("/a", True), ("/a\n", True), ("/a\r\n", True), ("/a~1b", True),
+                                ("/a~\n", False), ("/a~2", False)):
+        assert accepted(field_path) == (verdict, verdict), field_path
