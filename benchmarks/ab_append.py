@@ -10,13 +10,24 @@ then times ``doit build`` of each, alternating, restoring its workspace
 before every run. Prints both medians and their ratio, and fails unless the
 two versions published byte-identical ``case.json`` and summaries.
 
-    .venv/bin/python benchmarks/ab_append.py --base HEAD~3 [--context-mib 64] [--rounds 11]
+Also prints, for each version, the CPU time of a rebuild (user + system,
+median; it leaves out waiting for the disk), and what does not vary from run
+to run: the minor page faults of a rebuild (memory it touches; median), and
+with ``--callgrind`` the instructions one rebuild executes, counted by
+valgrind's callgrind (about a minute more; valgrind hides the CPU's SHA
+instructions, so OpenSSL's portable SHA-256 runs there and hashing counts
+several times its real share). A change of a few milliseconds is lost in
+the times here but shows in the counts.
+
+    .venv/bin/python benchmarks/ab_append.py --base HEAD~3 [--context-mib 64] [--rounds 11] [--callgrind]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,12 +46,16 @@ DOIT = str(Path(sys.executable).parent / "doit")
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
-def run(tree: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
+def run(tree: Path, *args: str, prefix: tuple[str, ...] = ()) -> tuple[float, subprocess.CompletedProcess]:
     # PYTHONPATH first: the tree's own `pipeline` wins over the installed one.
     env = dict(ENV, PYTHONPATH=str(tree))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    result = subprocess.run([DOIT, "-f", str(tree / "dodo.py"), *args], cwd=tree, env=env, capture_output=True, text=True)
+    result = subprocess.run([*prefix, DOIT, "-f", str(tree / "dodo.py"), *args], cwd=tree, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result.minor_faults = after.ru_minflt - before.ru_minflt
+    result.cpu_seconds = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if result.returncode != 0:
         sys.exit(f"doit {' '.join(args)} failed in {tree}:\n{result.stderr}")
     return elapsed, result
@@ -51,6 +66,7 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="git ref of the version to compare with the working tree")
     parser.add_argument("--context-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--callgrind", action="store_true", help="also count one rebuild's instructions under valgrind")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="viano-ab-"))
     old_tree = base / "base-tree"
@@ -73,6 +89,8 @@ def main() -> None:
             run(tree, "append", "case=bench", f"source={extra}", wsvar)
             bench_build.keep_aside(ws, base / f"aside-{name}")
         times: dict[str, list[float]] = {name: [] for name in trees}
+        faults: dict[str, list[int]] = {name: [] for name in trees}
+        cpu: dict[str, list[float]] = {name: [] for name in trees}
         for round_ in range(args.rounds):
             order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for name in order:
@@ -84,9 +102,30 @@ def main() -> None:
                 if ".  publish" not in result.stderr:
                     sys.exit(f"{name}: the rebuild did not publish:\n{result.stderr}")
                 times[name].append(elapsed)
+                faults[name].append(result.minor_faults)
+                cpu[name].append(result.cpu_seconds)
         for name, values in times.items():
             print(f"{name:8s} median {statistics.median(values):.3f} s  ({' '.join(f'{v:.3f}' for v in values)})")
         print(f"current / base: {statistics.median(times['current']) / statistics.median(times['base']):.2f} (medians)")
+        for name, values in cpu.items():
+            print(f"{name:8s} CPU time (user + system) median {statistics.median(values):.3f} s")
+        print(f"current / base: {statistics.median(cpu['current']) / statistics.median(cpu['base']):.2f} (CPU time, medians)")
+        for name, values in faults.items():
+            print(f"{name:8s} minor page faults per rebuild: {statistics.median(values):.0f} (median)")
+        if args.callgrind:
+            counted = {}
+            for name, tree in trees.items():
+                ws = base / f"ws-{name}"
+                shutil.rmtree(ws)
+                bench_build.keep_aside(base / f"aside-{name}", ws)
+                callgrind = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+                _, result = run(tree, "build", "case=bench", f"workspace={ws}", prefix=callgrind)
+                found = re.search(r"Collected : (\d+)", result.stderr)
+                if found is None or ".  publish" not in result.stderr:
+                    sys.exit(f"{name}: no instruction count or no publication under callgrind:\n{result.stderr[-2000:]}")
+                counted[name] = int(found.group(1))
+                print(f"{name:8s} instructions per rebuild: {counted[name] / 1e6:.1f} M (callgrind)")
+            print(f"current / base: {counted['current'] / counted['base']:.3f} (instructions)")
         revision = "cases/bench/packages/bench/content/case/revisions/0002"
         differ = []
         for name in ("case.json", "case_summary.md"):
