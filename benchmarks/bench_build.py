@@ -21,11 +21,16 @@ JSON (the limits are 256 documents and 8 MiB), plus a context file of
                          hash_context executed. The workspace as it stands
                          before that build is kept aside and put back before
                          each of --repeat rebuilds, so the median is reported
-                         (the cold build is the median of --cold-repeat).
+                         (the cold build is the median of --cold-repeat: the
+                         first right after the main admission, the others in
+                         workspaces of their own, spread among the rebuilds so
+                         that both medians sample the same minutes).
 
 Prints times and ratios; absolute times are context only. Also prints the
 minor page faults of a no-op and of a rebuild (medians): the memory a run
-touches, deterministic where its time is not.
+touches, deterministic where its time is not; and the CPU time (user +
+system) of a rebuild, a no-op and a cold build (medians): a run whose wall
+time is close to its CPU time is CPU-bound.
 """
 
 from __future__ import annotations
@@ -138,13 +143,15 @@ def keep_aside(ws: Path, aside: Path) -> None:
 
 
 def doit(*args, cwd=REPO, check=True) -> tuple[float, subprocess.CompletedProcess]:
-    faults_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run([DOIT, *args], cwd=cwd, capture_output=True, text=True, env=_ENV)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # Memory the run touched, as minor page faults: deterministic where time is
     # not, and what a run pays most for in memory the VM has reclaimed.
-    result.minor_faults = resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt - faults_before
+    result.minor_faults = after.ru_minflt - before.ru_minflt
+    result.cpu_seconds = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if check and result.returncode != 0:
         sys.exit(f"doit {' '.join(args)} failed:\n{result.stderr}")
     return elapsed, result
@@ -193,13 +200,14 @@ def main() -> None:
         wsvar = f"workspace={ws}"
         admit_time, _ = doit("admit", "case=bench", f"source={source}", wsvar)
         cold, result = doit("build", "case=bench", wsvar)
-        colds = [cold]
-        for extra_run in range(1, args.cold_repeat):
-            other = base / f"ws-cold-{extra_run}"
+        colds = [(cold, result)]
+
+        def another_cold_build(number: int) -> None:
+            other = base / f"ws-cold-{number}"
             doit("admit", "case=bench", f"source={source}", f"workspace={other}")
-            colds.append(doit("build", "case=bench", f"workspace={other}")[0])
+            colds.append(doit("build", "case=bench", f"workspace={other}"))
             shutil.rmtree(other)
-        cold = statistics.median(colds)
+
         tasks = len(re.findall(r"^\.  ", result.stderr, re.M)) + 1  # + the build task itself
         trivial_dodo = make_trivial(tasks, base)
         # Alternate the two no-op runs so machine noise hits both alike; keep the best of each.
@@ -223,7 +231,15 @@ def main() -> None:
         aside = base / "ws-aside"
         keep_aside(ws, aside)
         appends = []
+        # The other cold builds are spread among the rebuilds, so that both
+        # medians sample the same minutes: this VM's CPU speed changes from one
+        # minute to the next, and the rebuild is CPU-bound where the cold build
+        # mostly waits for the device.
+        extra_colds = args.cold_repeat - 1
+        cold_before = {round(k * args.repeat / extra_colds) for k in range(extra_colds)} if extra_colds > 0 else set()
         for run in range(args.repeat):
+            if run in cold_before:
+                another_cold_build(run)
             if run:
                 shutil.rmtree(ws)
                 keep_aside(aside, ws)
@@ -232,6 +248,7 @@ def main() -> None:
             # copies' dirty pages.
             os.sync()
             appends.append(doit("build", "case=bench", wsvar))
+        cold = statistics.median(t for t, _ in colds)
         append_time = statistics.median(t for t, _ in appends)
         appended = appends[0][1]
         runs_executed = {tuple(l for l in r.stderr.splitlines() if l.startswith(".  ")) for _, r in appends}
@@ -242,7 +259,7 @@ def main() -> None:
         hashed = [t for t in executed if t.startswith("hash_context:")]
 
         print(f"admission:                 {admit_time:.3f} s")
-        print(f"cold build:                {cold:.3f} s  ({tasks} tasks; median of {len(colds)}: {', '.join(f'{t:.3f}' for t in colds)})")
+        print(f"cold build:                {cold:.3f} s  ({tasks} tasks; median of {len(colds)}: {', '.join(f'{t:.3f}' for t, _ in colds)})")
         print(f"no-op rebuild:             {noop:.3f} s best, {noop_median:.3f} s median of {len(noop_runs)}"
               f"  (tasks executed: {', '.join(t[3:] for t in rerun) or 'none'})")
         print(f"no-op doit, {tasks} trivial tasks: {trivial:.3f} s best, {trivial_median:.3f} s median")
@@ -259,6 +276,11 @@ def main() -> None:
         print(f"re-read documents:         {read}  re-hashed files: {hashed or 'none'}")
         print(f"minor page faults:         no-op {statistics.median(r.minor_faults for _, r in noop_runs):.0f},"
               f" rebuild after append {statistics.median(r.minor_faults for _, r in appends):.0f} (medians)")
+        # Wall time close to CPU time means CPU-bound: then a slower CPU minute
+        # slows the rebuild alike, and no disk wait is left to overlap.
+        print(f"CPU time (user + system):  rebuild {statistics.median(r.cpu_seconds for _, r in appends):.3f} s,"
+              f" no-op {statistics.median(r.cpu_seconds for _, r in noop_runs):.3f} s,"
+              f" cold build {statistics.median(r.cpu_seconds for _, r in colds):.3f} s (medians)")
 
         # Admission writes with direct I/O, so the cold build above reads the
         # context from the device. The same cold build with the context already
