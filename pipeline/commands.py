@@ -329,7 +329,7 @@ def _check_prior_roles_kept(index: dict, package, manifest: dict, revision: int,
     from .plan import GENERATED_RE, _index_roles, prior_case_roles, role_change_error
 
     prior_path = manifest.get("artifacts", {}).get("case")
-    if not prior_path or GENERATED_RE.match(prior_path) is None or int(prior_path.split("/")[2]) >= revision:
+    if not prior_path or GENERATED_RE.fullmatch(prior_path) is None or int(prior_path.split("/")[2]) >= revision:
         return
     entry = manifest["files"][prior_path]
     _, read_prior_case = document_readers(package, limits)
@@ -355,7 +355,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
 
     case_id, ws = _context(case, workspace)
     source = _required_text(by, "by")
-    if not OPERATOR_SOURCE_RE.match(source):
+    if not OPERATOR_SOURCE_RE.fullmatch(source):
         raise VianoError("INVALID_ARGUMENT", "by= must be human:NAME, agent:SESSION[:parent=CASE] or system:ORIGIN")
     text = _required_text(reason, "reason")
     if len(text) > _REASON_LIMIT:

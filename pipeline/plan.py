@@ -51,7 +51,7 @@ CONTROL_RE = re.compile(r"^inputs/[0-9]+/reopen\.json$")
 def is_generated(path: str) -> bool:
     """Builder-written outputs and control records: never payload, never hashed
     into a request, never unclassified inputs."""
-    return GENERATED_RE.match(path) is not None or CONTROL_RE.match(path) is not None
+    return GENERATED_RE.fullmatch(path) is not None or CONTROL_RE.fullmatch(path) is not None
 
 
 def step_id_for(analysis_revision: int) -> str:
@@ -399,7 +399,7 @@ def make_plan(
     prior = None
     for manifest in reversed(manifests):
         prior_path = manifest.get("artifacts", {}).get("case")
-        if not prior_path or GENERATED_RE.match(prior_path) is None:
+        if not prior_path or GENERATED_RE.fullmatch(prior_path) is None:
             continue
         if int(prior_path.split("/")[2]) < snapshot["analysis_revision"]:
             ref = _ref(prior_path, snapshot["files"])

@@ -222,7 +222,7 @@ def _resolve(document: Any, pointer: str) -> Any:
                 return _MISSING
             current = current[token]
         elif isinstance(current, list):
-            if not _ARRAY_INDEX_RE.match(token) or int(token) >= len(current):
+            if not _ARRAY_INDEX_RE.fullmatch(token) or int(token) >= len(current):
                 return _MISSING
             current = current[int(token)]
         else:

@@ -976,3 +976,18 @@ def test_the_prior_case_gives_the_case_no_float(docs, limit):
             case = assemble(second)
             assert float_free(case)
             assert pretty_bytes(case, known_float_free=True) == pretty_bytes(case)
+
+
+@pytest.mark.parametrize("path, generated", [
+    ("case/revisions/0001/case.json", True),
+    ("case/revisions/0012/case_summary.md", True),
+    ("inputs/3/reopen.json", True),
+    ("case/revisions/0001/case.json\n", False),  # Python's `$` would match before the newline
+    ("inputs/3/reopen.json\n", False),
+    ("case/revisions/001/case.json", False),
+    ("original/case/revisions/0001/case.json", False),
+])
+def test_only_exact_output_and_control_paths_count_as_generated(path, generated):
+    from pipeline.plan import is_generated
+
+    assert is_generated(path) is generated

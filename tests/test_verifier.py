@@ -202,6 +202,8 @@ def test_supported(server, doc):
         make(response_text='{"a": [1, 2]}', verification={"field_path": "/a/01", "expected_text": "2"}),
         make(response_text='{"a": [1, 2]}', verification={"field_path": "/a/-", "expected_text": "2"}),
         make(response_text='{"a": [1, 2]}', verification={"field_path": "/a/\u0661", "expected_text": "2"}),
+        # RFC 6901: "1\n" is no array index (Python's `$` would have let it through).
+        make(response_text='{"a": [1, 2]}', verification={"field_path": "/a/1\n", "expected_text": "2"}),
         make(response_text='{"a": {"b": 1}}', verification={"field_path": "a/b", "expected_text": "1"}),  # a literal key
         make(response_text='{"answer": 42} trailing'),
     ],

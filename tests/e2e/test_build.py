@@ -259,6 +259,7 @@ def test_export_copies_outputs_and_refuses_to_overwrite(tmp_path, admitted):
     (("admit", "case=c2"), "INVALID_ARGUMENT"),
     (("admit", "case=c2", "source=/does/not/exist"), "SOURCE_NOT_FOUND"),
     (("reopen", "case=c1", "by=robot", "reason=x"), "INVALID_ARGUMENT"),
+    (("reopen", "case=c1", "by=agent:x\n", "reason=x"), "INVALID_ARGUMENT"),  # no trailing newline
     (("reopen", "case=c1", "by=human:a", "reason=x"), "ILLEGAL_TRANSITION"),
     (("export", "case=c1", "dest=/tmp/viano-never"), "NOT_BUILT"),
 ])
