@@ -165,6 +165,28 @@ class _ZipSource(_Source):
     def read_small(self, relpath: str, limit: int) -> bytes:
         return self.archive.read_entry(self._entries[relpath], limit)
 
+    def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
+        """Copy one large member into ``out_fd``; return (sha256 hex, bytes).
+
+        A stored member goes through the same ring as a directory source's
+        file (:func:`_pipelined_copy_from`), read straight into its buffers
+        by a reader that also takes the CRC-32 on the reader thread; the CRC
+        and the length are checked once the copy ends, before anything is
+        recorded. A deflated member is inflated chunk by chunk and copied as
+        it comes (:class:`_Copier`).
+        """
+        entry = self._entries[relpath]
+        if not entry.stored:  # deflated: inflation makes new bytes anyway
+            copier = _Copier()
+            try:
+                return copier.copy(self.chunks(relpath, limits), out_fd, relpath, total, progress)
+            finally:
+                copier.close()
+        reader = self.archive.stored_reader(entry)
+        result = _pipelined_copy_from(reader, out_fd, relpath, limits.max_entry_bytes, progress, total)
+        reader.finish()
+        return result
+
     def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[bytes]:
         return self.archive.iter_entry(self._entries[relpath])
 
@@ -517,7 +539,18 @@ class _ChunkWriter:
 
 
 def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int) -> tuple[str, int]:
-    """Copy ``in_fd`` to ``out_fd`` hashing the written buffers; return (sha256 hex, bytes).
+    """Copy ``in_fd`` from where it stands to ``out_fd``: :func:`_pipelined_copy_from` reading with ``readv``."""
+    return _pipelined_copy_from(lambda buffer: os.readv(in_fd, [buffer]), out_fd, label, limit, progress, total)
+
+
+def _pipelined_copy_from(
+    read_into: Callable[[mmap.mmap], int], out_fd: int, label: str, limit: int, progress: Progress | None, total: int
+) -> tuple[str, int]:
+    """Copy what ``read_into`` gives to ``out_fd`` hashing the written buffers; return (sha256 hex, bytes).
+
+    ``read_into(buffer)`` fills the start of a buffer and returns how many
+    bytes it holds, 0 at the end; it runs on the reader thread, so work it
+    does per chunk (a ZIP member's CRC-32) overlaps the hashing here.
 
     The buffers of a small ring go round: read a chunk into one, write it
     out, hash it here, return it to the ring; the stages work on
@@ -562,7 +595,7 @@ def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: P
                 index = free.get()
                 if index is None:
                     return
-                n = os.readv(in_fd, [buffers[index]])
+                n = read_into(buffers[index])
                 if n == 0:
                     out.put(None)
                     return

@@ -1,4 +1,4 @@
-"""Admission's large-file copy of directory sources (pipeline.intake._pipelined_copy).
+"""Admission's large-file copy of directory sources and stored ZIP members (pipeline.intake._pipelined_copy_from).
 
 Every way the copy can write -- direct I/O with its own writer thread (ext4
 and most disk filesystems), buffered (tmpfs, or no direct I/O), direct I/O
@@ -413,3 +413,28 @@ def test_corrupt_zip_member_stops_the_direct_copy_with_its_code(tmp_path):
         intake.admit(ws, "c1", src, progress=QUIET)
     assert info.value.code == "ZIP_CRC_MISMATCH", str(info.value)
     assert not (ws / "cases" / "c1").exists()
+
+
+def test_a_large_stored_zip_member_takes_its_crc_on_the_reader_thread(tmp_path, mode, monkeypatch):
+    """The CRC-32 of a large stored member is taken where the ring's reader
+    fills the buffers, so it overlaps the SHA-256 of the main thread instead
+    of adding to it (the stored bytes and their digest are checked too)."""
+    import threading
+    import zipfile
+    import zlib
+
+    from pipeline import zipscan
+
+    data = _data(5 * MiB + 4097)
+    src = _zip_package(tmp_path, data, zipfile.ZIP_STORED)
+    threads: set[str] = set()
+    real_crc32 = zlib.crc32
+
+    def crc32(buffer, value=0):
+        threads.add(threading.current_thread().name)
+        return real_crc32(buffer, value)
+
+    monkeypatch.setattr(zipscan.zlib, "crc32", crc32)
+    manifest = intake.admit(mode, "c1", src, progress=QUIET)
+    _assert_stored(mode, "c1", manifest, data)
+    assert "viano-admit-read" in threads

@@ -321,3 +321,72 @@ def test_zip64_end_records(tmp_path):
     with pytest.raises(AdmissionError) as exc:
         _archive(tmp_path, body + eocd)
     assert _code(exc) == "ZIP_INVALID"
+
+
+def _drain_by_iter(archive: ZipArchive, entry) -> tuple:
+    try:
+        return ("ok", b"".join(archive.iter_entry(entry, chunk_size=4096)))
+    except AdmissionError as error:
+        return ("refused", error.code, str(error))
+
+
+def _drain_by_reader(archive: ZipArchive, entry, buffer_size: int) -> tuple:
+    reader = archive.stored_reader(entry)
+    out = bytearray()
+    buffer = bytearray(buffer_size)
+    try:
+        while True:
+            n = reader(buffer)
+            if n == 0:
+                break
+            out += buffer[:n]
+        reader.finish()
+    except AdmissionError as error:
+        return ("refused", error.code, str(error))
+    return ("ok", bytes(out))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    content=st.binary(max_size=3000),
+    declared_delta=st.integers(-3, 3),
+    crc_lies=st.booleans(),
+    cut=st.integers(0, 40),
+    buffer_size=st.sampled_from([1, 7, 512, 4096, 1 << 16]),
+)
+def test_the_stored_reader_gives_what_iter_entry_gives(tmp_path_factory, content, declared_delta, crc_lies, cut, buffer_size):
+    """A stored entry read into buffers (what admission's pipelined copy does)
+    yields the same bytes, or is refused with the same code and message, as
+    streaming it: for declared sizes above and below the real one, a lying
+    CRC-32 and an archive cut inside the entry's data."""
+    import dataclasses
+
+    tmp_path = tmp_path_factory.mktemp("stored")
+    archive = _archive(tmp_path, _zip({"m.bin": content}, compression=zipfile.ZIP_STORED))
+    try:
+        true_entry = archive.entries[0]
+        entry = dataclasses.replace(
+            true_entry,
+            file_size=max(0, true_entry.file_size + declared_delta),
+            crc=(true_entry.crc ^ 1) if crc_lies else true_entry.crc,
+        )
+        if cut:
+            # The archive ends inside (or right at the end of) the entry's data.
+            with open(tmp_path / "a.zip", "r+b") as handle:
+                handle.truncate(entry.data_offset + max(0, entry.compressed_size - cut))
+        expected = _drain_by_iter(archive, entry)
+        assert _drain_by_reader(archive, entry, buffer_size) == expected
+        if not (declared_delta or crc_lies or (cut and entry.compressed_size)):
+            assert expected == ("ok", content)
+    finally:
+        os.close(archive.fd)
+
+
+def test_only_stored_entries_are_read_into_buffers(tmp_path):
+    archive = _archive(tmp_path, _zip({"m.txt": b"x" * 1000}, compression=zipfile.ZIP_DEFLATED))
+    try:
+        assert not archive.entries[0].stored
+        with pytest.raises(ValueError):
+            archive.stored_reader(archive.entries[0])
+    finally:
+        os.close(archive.fd)
