@@ -56,7 +56,6 @@ import shutil
 import stat
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -148,6 +147,11 @@ class _Source:
         raise NotImplementedError
 
     def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[bytes | memoryview]:
+        """A file's bytes in chunks, each to be consumed before the next is asked for."""
+        raise NotImplementedError
+
+    def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
+        """Copy one large file into ``out_fd`` through the ring of :func:`_pipelined_copy_from`; return (sha256 hex, bytes)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -172,16 +176,17 @@ class _ZipSource(_Source):
         file (:func:`_pipelined_copy_from`), read straight into its buffers
         by a reader that also takes the CRC-32 on the reader thread; the CRC
         and the length are checked once the copy ends, before anything is
-        recorded. A deflated member is inflated chunk by chunk and copied as
-        it comes (:class:`_Copier`).
+        recorded. A deflated member goes through the ring too: the reader
+        thread inflates it (and takes its CRC-32) into the buffers through
+        :class:`_Refill`, so inflation overlaps the hashing as well.
         """
         entry = self._entries[relpath]
-        if not entry.stored:  # deflated: inflation makes new bytes anyway
-            copier = _Copier()
+        if not entry.stored:
+            chunks = self.chunks(relpath, limits)
             try:
-                return copier.copy(self.chunks(relpath, limits), out_fd, relpath, total, progress)
+                return _pipelined_copy_from(_Refill(chunks), out_fd, relpath, limits.max_entry_bytes, progress, total)
             finally:
-                copier.close()
+                chunks.close()
         reader = self.archive.stored_reader(entry)
         result = _pipelined_copy_from(reader, out_fd, relpath, limits.max_entry_bytes, progress, total)
         reader.finish()
@@ -332,12 +337,12 @@ class _DirSource(_Source):
             os.close(fd)
 
     def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[memoryview]:
-        """Read into two alternating buffers (see :func:`_copy_stream` for why two suffice)."""
+        """Read into two alternating buffers, for the small files :func:`_stage_files` copies itself."""
         fd = self._open_file(relpath)
         try:
             if self._buffers is None:
-                # Shared by all files of this source: the copier finishes every
-                # write of one file before the next file is opened.
+                # Shared by all files of this source: each chunk is written
+                # before the next is read, and a file before the next opens.
                 self._buffers = (bytearray(CHUNK), bytearray(CHUNK))
             buffers = self._buffers
             views = (memoryview(buffers[0]), memoryview(buffers[1]))
@@ -462,7 +467,6 @@ def _write_all(fd: int, data) -> None:
 
 
 _RING = 6  # buffers in flight in _pipelined_copy: one per stage and some slack
-_DIRECT_COPY_MIN = 8 * MiB  # a ZIP member this large is written with direct I/O (see _Copier)
 _DIRECT_ALIGN = 4096
 """Direct writes start and end on this boundary (from page-aligned buffers): a
 multiple of the usual logical block sizes (512, 4096). A filesystem wanting a
@@ -654,106 +658,32 @@ def _pipelined_copy_from(
     return digest.hexdigest(), size
 
 
-class _Copier:
-    """Streams chunks to a file while hashing them; hash and write overlap on two threads."""
+class _Refill:
+    """Fills the ring's buffers from chunks of any size (an inflated ZIP
+    member), each buffer to the brim but the last, so direct writes stay
+    aligned; called on the reader thread, which then also runs the producer
+    of the chunks. The producer's own checks (a ZIP member's length and
+    CRC-32, after its last chunk) raise from here like any read error."""
 
-    def __init__(self) -> None:
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="viano-admit-write")
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = memoryview(b"")
 
-    def close(self) -> None:
-        self._writer.shutdown(wait=True)
-
-    def copy(self, chunks, out_fd: int, label: str, total: int, progress: Progress | None) -> tuple[str, int]:
-        """Write every chunk to ``out_fd``; return (sha256 hex, bytes).
-
-        A large file goes through :meth:`_copy_direct` where the destination
-        takes direct I/O (not tmpfs), for the reason given at
-        :func:`_pipelined_copy`; otherwise the chunks are written as they come.
-        """
-        if total >= _DIRECT_COPY_MIN and not _on_tmpfs(out_fd) and _set_direct(out_fd, True):
-            return self._copy_direct(chunks, out_fd, label, progress, total)
-        return self._copy_buffered(chunks, out_fd, label, total, progress)
-
-    def _copy_direct(self, chunks, out_fd: int, label: str, progress: Progress | None, total: int) -> tuple[str, int]:
-        """Gather the chunks (any sizes, as a ZIP member yields them) into two
-        page-aligned buffers and write each full one with direct I/O while
-        hashing that same buffer; the short tail goes out buffered. One write
-        at most is pending, so the buffer being filled is never being written."""
-        buffers = [mmap.mmap(-1, CHUNK) for _ in range(2)]
-        writer = _ChunkWriter(out_fd, True)
-        digest = hashlib.sha256()
-        size = 0
-        fill = 0
-        current = 0
-        pending = None
-        try:
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    take = min(len(view), CHUNK - fill)
-                    buffers[current][fill:fill + take] = view[:take]
-                    fill += take
-                    view = view[take:]
-                    if fill == CHUNK:
-                        if pending is not None:
-                            pending.result()
-                        block = memoryview(buffers[current])
-                        pending = self._writer.submit(writer, block)
-                        digest.update(block)
-                        current = 1 - current
-                        fill = 0
-                size += len(chunk)
-                if progress is not None:
-                    progress(label, size, total)
-            if pending is not None:
-                pending.result()
-                pending = None
-            if fill:
-                tail = memoryview(buffers[current])[:fill]
-                writer(tail)  # not a whole number of pages: the writer goes buffered
-                digest.update(tail)
-        finally:
-            if pending is not None:
-                # Even after a failure: the buffer must not be reused, nor the
-                # descriptor closed, under a running write.
-                try:
-                    pending.result()
-                except BaseException:  # noqa: BLE001 - the first failure is the one raised
-                    pass
-            if writer.direct:
-                _set_direct(out_fd, False)
-        return digest.hexdigest(), size
-
-    def _copy_buffered(self, chunks, out_fd: int, label: str, total: int, progress: Progress | None) -> tuple[str, int]:
-        """Write every chunk to ``out_fd`` as it comes; return (sha256 hex, bytes).
-
-        At most one write is pending while the producer makes the next chunk,
-        so a producer alternating two buffers never overwrites a buffer that is
-        still being written.
-        """
-        digest = hashlib.sha256()
-        size = 0
-        pending = None
-        flushed = 0
-        try:
-            for chunk in chunks:
-                fut = self._writer.submit(_write_all, out_fd, chunk)
-                digest.update(chunk)
-                if pending is not None:
-                    pending.result()
-                pending = fut
-                size += len(chunk)
-                if size - flushed >= _WRITEBACK_EVERY:
-                    self._writer.submit(_start_writeback, out_fd, flushed, size - flushed)
-                    flushed = size
-                if progress is not None:
-                    progress(label, size, total)
-        finally:
-            if pending is not None:
-                # Wait even when the producer failed: the buffer must not be
-                # freed or the fd closed under a running write.
-                pending.result()
-        return digest.hexdigest(), size
+    def __call__(self, buffer) -> int:
+        view = memoryview(buffer)
+        filled = 0
+        while filled < len(view):
+            if not self._pending:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._pending = memoryview(chunk)
+                continue
+            take = min(len(self._pending), len(view) - filled)
+            view[filled:filled + take] = self._pending[:take]
+            self._pending = self._pending[take:]
+            filled += take
+        return filled
 
 
 # ------------------------------------------------------------------- staging
@@ -990,45 +920,39 @@ def _stage_files(
     """Copy ``paths`` from ``source`` under ``content_dir``, hashing while copying; make all durable."""
     inventory: dict[str, dict] = {}
     per_file_fsync = len(paths) <= _SYNCFS_MIN_FILES
-    copier = _Copier()
     # Plain strings in the loop: pathlib costs several microseconds a file,
     # a tenth of the time a small file takes. Paths come sorted, so siblings
     # share the parent made (or found) for the first of them.
     content_root = os.fspath(content_dir)
     made_parent = None
-    try:
-        for rel in paths:
-            parent = rel.rpartition("/")[0]
-            if parent != made_parent:
-                staging.makedirs(content_dir / parent if parent else content_dir)
-                made_parent = parent
-            target = f"{content_root}/{rel}"
-            expected = source.files[rel]
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            try:
-                if expected > CHUNK and hasattr(source, "copy_to"):
-                    sha, size = source.copy_to(rel, fd, limits, progress, expected)
-                elif expected > CHUNK:
-                    sha, size = copier.copy(source.chunks(rel, limits), fd, rel, expected, progress)
-                else:
-                    digest = hashlib.sha256()
-                    size = 0
-                    for chunk in source.chunks(rel, limits):
-                        digest.update(chunk)
-                        _write_all(fd, chunk)
-                        size += len(chunk)
-                    sha = digest.hexdigest()
-                    if progress is not None:
-                        progress(rel, size, expected)
-                if per_file_fsync:
-                    os.fsync(fd)
-            except OSError as exc:
-                raise _io_error("writing staged content", exc, rel) from None
-            finally:
-                os.close(fd)
-            inventory[rel] = {"sha256": sha, "size": size}
-    finally:
-        copier.close()
+    for rel in paths:
+        parent = rel.rpartition("/")[0]
+        if parent != made_parent:
+            staging.makedirs(content_dir / parent if parent else content_dir)
+            made_parent = parent
+        target = f"{content_root}/{rel}"
+        expected = source.files[rel]
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            if expected > CHUNK:
+                sha, size = source.copy_to(rel, fd, limits, progress, expected)
+            else:
+                digest = hashlib.sha256()
+                size = 0
+                for chunk in source.chunks(rel, limits):
+                    digest.update(chunk)
+                    _write_all(fd, chunk)
+                    size += len(chunk)
+                sha = digest.hexdigest()
+                if progress is not None:
+                    progress(rel, size, expected)
+            if per_file_fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            raise _io_error("writing staged content", exc, rel) from None
+        finally:
+            os.close(fd)
+        inventory[rel] = {"sha256": sha, "size": size}
     return inventory
 
 

@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import intake
 from pipeline.errors import VianoError
@@ -390,7 +392,7 @@ def _zip_package(root: Path, data: bytes, method: int) -> Path:
 
 
 @pytest.mark.parametrize("method", ["stored", "deflated"])
-@pytest.mark.parametrize("size", [intake._DIRECT_COPY_MIN + 123, intake._DIRECT_COPY_MIN + intake.CHUNK, 9 * MiB + 4096 + 7])
+@pytest.mark.parametrize("size", [intake.CHUNK + 1, 8 * MiB + 123, 8 * MiB + intake.CHUNK, 9 * MiB + 4096 + 7])
 def test_large_zip_member_is_stored_byte_exact(tmp_path, mode, size, method):
     import zipfile
 
@@ -438,3 +440,39 @@ def test_a_large_stored_zip_member_takes_its_crc_on_the_reader_thread(tmp_path, 
     manifest = intake.admit(mode, "c1", src, progress=QUIET)
     _assert_stored(mode, "c1", manifest, data)
     assert "viano-admit-read" in threads
+
+
+def test_corrupt_deflated_member_stops_the_ring_with_its_code(tmp_path, mode):
+    """A large deflated member is inflated on the ring's reader thread; its
+    own checks (deflate stream, length, CRC-32) still stop the admission with
+    their codes and leave no case behind."""
+    import zipfile
+
+    src = _zip_package(tmp_path, _data(6 * MiB), zipfile.ZIP_DEFLATED)
+    raw = bytearray(src.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # inside the member's deflate stream
+    src.write_bytes(bytes(raw))
+    with pytest.raises(VianoError) as info:
+        intake.admit(mode, "c1", src, progress=QUIET)
+    assert info.value.code in ("ZIP_INVALID", "ZIP_CRC_MISMATCH"), str(info.value)
+    assert not (mode / "cases" / "c1").exists()
+
+
+@given(
+    chunk_sizes=st.lists(st.integers(0, 5000), max_size=40),
+    buffer_size=st.sampled_from([1, 4096, 10_000, 1 << 16]),
+)
+@settings(max_examples=200, deadline=None)
+def test_refill_fills_every_buffer_to_the_brim_but_the_last(chunk_sizes, buffer_size):
+    """Chunks of any sizes (an inflated member gives what zlib gives) come out
+    as full buffers, so direct writes stay aligned, and in order."""
+    rng = random.Random(len(chunk_sizes) * 31 + buffer_size)
+    chunks = [rng.randbytes(n) for n in chunk_sizes]
+    refill = intake._Refill(iter(chunks))
+    buffer = bytearray(buffer_size)
+    filled = []
+    while (n := refill(buffer)) > 0:
+        filled.append(bytes(buffer[:n]))
+    assert b"".join(filled) == b"".join(chunks)
+    assert all(len(piece) == buffer_size for piece in filled[:-1])
+    assert refill(buffer) == 0
