@@ -26,6 +26,7 @@ import importlib
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 from doit.dependency import FileChangedChecker
@@ -58,6 +59,19 @@ class ContentHashChecker(FileChangedChecker):
 
 
 _DIGESTS: dict[tuple, str] = {}
+# A doit run needs a few hundred (one per input record it checks); a process
+# that builds case after case (CaseBuilder) would otherwise keep every one.
+_DIGESTS_LIMIT = 4096
+_DIGESTS_GUARD = threading.Lock()  # builds of other cases may run in other threads
+
+
+def _remember_digest(key: tuple, digest: str) -> None:
+    with _DIGESTS_GUARD:
+        _DIGESTS[key] = digest
+        if len(_DIGESTS) > _DIGESTS_LIMIT:
+            # Oldest first (insertion order): they belong to earlier builds.
+            for stale in list(_DIGESTS)[: len(_DIGESTS) - _DIGESTS_LIMIT // 2]:
+                del _DIGESTS[stale]
 
 
 def _sha256_file(path) -> str:
@@ -70,7 +84,8 @@ def _sha256_file(path) -> str:
         key = (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         digest = _DIGESTS.get(key)
         if digest is None:
-            digest = _DIGESTS[key] = hashlib.file_digest(handle, "sha256").hexdigest()
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            _remember_digest(key, digest)
         return digest
 
 
@@ -92,7 +107,7 @@ def remember_file_digest(path, data: bytes) -> tuple:
     from .jsoncanon import sha256_hex
 
     version = file_version(path)
-    _DIGESTS[version] = sha256_hex(data)
+    _remember_digest(version, sha256_hex(data))
     return version
 
 

@@ -383,3 +383,27 @@ def test_python_dash_m_doit_is_doits_command_line_too(tmp_path):
     result = subprocess.run([sys.executable, "-m", "doit", "show"], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "collector False" in result.stdout
+
+
+def test_remembered_file_digests_stay_bounded_and_right(tmp_path, monkeypatch):
+    """The digests a process remembers (one per file version doit checks) are
+    bounded, oldest dropped first, so a process that builds case after case
+    does not keep them all; a dropped one is computed again, the same."""
+    import hashlib
+
+    from pipeline import doitcli
+
+    monkeypatch.setattr(doitcli, "_DIGESTS", {})
+    monkeypatch.setattr(doitcli, "_DIGESTS_LIMIT", 8)
+    files = []
+    for i in range(30):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(b"x" * i)
+        files.append(path)
+        assert doitcli._sha256_file(path) == hashlib.sha256(b"x" * i).hexdigest()
+        assert len(doitcli._DIGESTS) <= 8
+    assert os.fspath(files[-1]) in {key[0] for key in doitcli._DIGESTS}
+    assert os.fspath(files[0]) not in {key[0] for key in doitcli._DIGESTS}
+    assert doitcli._sha256_file(files[0]) == hashlib.sha256(b"").hexdigest()
+    version = doitcli.remember_file_digest(files[1], b"x")
+    assert doitcli._DIGESTS[version] == hashlib.sha256(b"x").hexdigest()
