@@ -6,8 +6,10 @@
     the same run (target ratio >= 0.8), and the admission's peak RSS, measured
     in a child process through ``ru_maxrss`` (target < 64 MiB). ``--rounds``
     (default 3) rounds of ``file_digest`` then an admission into a new
-    workspace: each admission's ratio is to the ``file_digest`` of its own
-    round, and the median of the rounds is the verdict. Admission also
+    workspace; the verdict is the median admission throughput over the
+    fastest ``file_digest`` of the run (each round's own ratio is shown
+    too). ``--zip-rounds`` more rounds admit the same package as a ZIP file
+    with the large member stored. Admission also
     writes every byte durably (fsync) while the baseline only reads from the
     page cache, so the copy phase (until the last chunk is written) is shown
     separately from the durable total.
@@ -219,6 +221,8 @@ def _rounds(big: Path, src: Path, root: Path, rounds: int, tag: str) -> list[tup
     hands the next no warm memory but the ring's few buffers. The last
     round's workspace is left for the caller."""
     _file_digest_mbps(big)  # warms the page cache (not counted: it may read from the device)
+    if src.is_file():
+        _file_digest_mbps(src)  # an archive is read by the admission: warmed alike
     runs = []
     for round_no in range(rounds):
         base = _file_digest_mbps(big)
@@ -258,6 +262,9 @@ def bench_large(root: Path, size_mib: int, rounds: int = 3, zip_rounds: int = 3)
     ratios = [size_mib / r["admit_s"] / base for base, r in runs]
     copy_ratios = [size_mib / r["copied_s"] / base for base, r in runs if r["copied_s"]]
     base_after = _file_digest_mbps(big)
+    # The verdict against the fastest file_digest of the run, the strictest
+    # baseline it measured; the ratios per round are shown beside it.
+    best_digest = max([base for base, _ in runs] + [base_after])
     fresh = _fresh_copies(big, root)  # the last admitted tree still holds its memory
     shutil.rmtree(ws)
     recycled = _recycled_copies(big, root)
@@ -269,8 +276,8 @@ def bench_large(root: Path, size_mib: int, rounds: int = 3, zip_rounds: int = 3)
     print(f"(a) {size_mib} MiB context file, directory source, workspace on {root.parent} ({_fs_type(root)})")
     print(f"    hashlib.file_digest         {baseline:8.1f} MB/s median (page cache; per round {', '.join(f'{b:.0f}' for b, _ in runs)}; after {base_after:.0f})")
     print(f"    admission, durable total    {admit_mbps:8.1f} MB/s median ({', '.join(f'{seconds:.2f}' for seconds in admit_seconds)} s)")
-    print(f"    ratio to the file_digest of its round: {', '.join(f'{x:.2f}' for x in ratios)};"
-          f" median {statistics.median(ratios):.2f} (target >= 0.8)")
+    print(f"    ratio: median admission / fastest file_digest of the run {admit_mbps / best_digest:.2f} (target >= 0.8);"
+          f" to the file_digest of its round: {', '.join(f'{x:.2f}' for x in ratios)}")
     if copy_ratios:
         print(f"    copy+hash phase alone, same ratio:   {', '.join(f'{x:.2f}' for x in copy_ratios)}; median {statistics.median(copy_ratios):.2f}")
     print(f"    admission peak RSS          {rss_mib:8.1f} MiB, the largest of {len(runs)} (target < 64; interpreter + imports included)")
@@ -304,10 +311,11 @@ def bench_large(root: Path, size_mib: int, rounds: int = 3, zip_rounds: int = 3)
         shutil.rmtree(root / f"ws-zip-{zip_rounds - 1}")
         archive.unlink()
         zip_ratios = [size_mib / r["admit_s"] / base for base, r in zipped]
+        zip_verdict = statistics.median(size_mib / r["admit_s"] for _, r in zipped) / max(base for base, _ in zipped)
         print(f"(a') the same package as a ZIP file, the {size_mib} MiB member stored (CRC-32 checked as well)")
         zip_seconds = ", ".join(f"{r['admit_s']:.2f}" for _, r in zipped)
-        print(f"    admission, durable total    {zip_seconds} s; ratio to the file_digest of its round:"
-              f" {', '.join(f'{x:.2f}' for x in zip_ratios)}; median {statistics.median(zip_ratios):.2f}")
+        print(f"    admission, durable total    {zip_seconds} s; median / fastest file_digest {zip_verdict:.2f};"
+              f" to the file_digest of its round: {', '.join(f'{x:.2f}' for x in zip_ratios)}")
         print(f"    admission peak RSS          {max(r['maxrss_kib'] for _, r in zipped) / 1024:8.1f} MiB, the largest of {len(zipped)}")
     shutil.rmtree(src)
 
@@ -359,6 +367,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--skip-small", action="store_true")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.zip_rounds < 0:
+        parser.error("--rounds must be at least 1 and --zip-rounds at least 0")
     root = Path(tempfile.mkdtemp(prefix="viano-bench-", dir=args.dir))
     try:
         if not args.skip_large:

@@ -192,6 +192,8 @@ def main() -> None:
     parser.add_argument("--cold-repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args()
+    if args.repeat < 1 or args.cold_repeat < 1:
+        parser.error("--repeat and --cold-repeat must be at least 1")
     base = Path(tempfile.mkdtemp(prefix="viano-bench-build-", dir=args.dir))
     try:
         source = base / "source"
@@ -236,10 +238,14 @@ def main() -> None:
         # minute to the next, and the rebuild is CPU-bound where the cold build
         # mostly waits for the device.
         extra_colds = args.cold_repeat - 1
-        cold_before = {round(k * args.repeat / extra_colds) for k in range(extra_colds)} if extra_colds > 0 else set()
+        # How many before each rebuild: evenly spread, several before one
+        # rebuild when more are asked for than there are rebuilds.
+        cold_before = [0] * args.repeat
+        for k in range(extra_colds):
+            cold_before[min(args.repeat - 1, k * args.repeat // extra_colds)] += 1
         for run in range(args.repeat):
-            if run in cold_before:
-                another_cold_build(run)
+            for number in range(cold_before[run]):
+                another_cold_build(run * 100 + number)
             if run:
                 shutil.rmtree(ws)
                 keep_aside(aside, ws)

@@ -68,7 +68,7 @@ _END = r"(?![\s\S])"
 
 Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 ContentPath = Annotated[str, Meta(min_length=1)]
-Pointer = Annotated[str, Meta(pattern=r"^(/([^~]|~[01])*)+(?![\s\S])")]
+Pointer = Annotated[str, Meta(pattern=r"^(/([^~/]|~[01])*)+(?![\s\S])")]
 NonBlank = Annotated[str, Meta(pattern=r"\S")]
 Size = Annotated[int, Meta(ge=0)]
 Positive = Annotated[int, Meta(ge=1)]

@@ -31,7 +31,7 @@ __all__ = [
 
 #: ARCHITECTURE.md section 12: human:NAME, agent:SESSION[:parent=CASE_ID], system:ORIGIN.
 OPERATOR_SOURCE_RE = re.compile(
-    r"^(human:[^\s:][^\x00-\x1f\x7f]{0,127}"
+    r"^(human:[^\s:][^\x00-\x1f\x7f-\x9f\u2028\u2029]{0,127}"
     r"|agent:[A-Za-z0-9][A-Za-z0-9._-]{0,127}(:parent=[A-Za-z0-9][A-Za-z0-9._-]{0,127})?"
     r"|system:[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
 )

@@ -47,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import hashlib
 import mmap
 import os
@@ -150,7 +151,9 @@ class _Source:
         """A file's bytes in chunks, each to be consumed before the next is asked for."""
         raise NotImplementedError
 
-    def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
+    def copy_to(
+        self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int, ring: list[mmap.mmap] | None = None
+    ) -> tuple[str, int]:
         """Copy one large file into ``out_fd`` through the ring of :func:`_pipelined_copy_from`; return (sha256 hex, bytes)."""
         raise NotImplementedError
 
@@ -169,7 +172,9 @@ class _ZipSource(_Source):
     def read_small(self, relpath: str, limit: int) -> bytes:
         return self.archive.read_entry(self._entries[relpath], limit)
 
-    def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
+    def copy_to(
+        self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int, ring: list[mmap.mmap] | None = None
+    ) -> tuple[str, int]:
         """Copy one large member into ``out_fd``; return (sha256 hex, bytes).
 
         A stored member goes through the same ring as a directory source's
@@ -184,11 +189,11 @@ class _ZipSource(_Source):
         if not entry.stored:
             chunks = self.chunks(relpath, limits)
             try:
-                return _pipelined_copy_from(_Refill(chunks), out_fd, relpath, limits.max_entry_bytes, progress, total)
+                return _pipelined_copy_from(_Refill(chunks), out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
             finally:
-                chunks.close()
+                chunks.close()  # the ring's threads are done with it by now
         reader = self.archive.stored_reader(entry)
-        result = _pipelined_copy_from(reader, out_fd, relpath, limits.max_entry_bytes, progress, total)
+        result = _pipelined_copy_from(reader, out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
         reader.finish()
         return result
 
@@ -318,7 +323,9 @@ class _DirSource(_Source):
         finally:
             os.close(fd)
 
-    def copy_to(self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int) -> tuple[str, int]:
+    def copy_to(
+        self, relpath: str, out_fd: int, limits: ZipLimits, progress: Progress | None, total: int, ring: list[mmap.mmap] | None = None
+    ) -> tuple[str, int]:
         """Copy one large file into ``out_fd``; return (sha256 hex, bytes).
 
         Pipeline over a small ring of private buffers: a worker thread
@@ -332,7 +339,7 @@ class _DirSource(_Source):
         """
         fd = self._open_file(relpath)
         try:
-            return _pipelined_copy(fd, out_fd, relpath, limits.max_entry_bytes, progress, total)
+            return _pipelined_copy(fd, out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
         finally:
             os.close(fd)
 
@@ -475,8 +482,13 @@ coarser one refuses the write with EINVAL and the copy goes on buffered."""
 
 def _on_tmpfs(fd: int) -> bool:
     """True if ``fd`` lives on tmpfs (by its device number in ``/proc/self/mountinfo``)."""
-    st = os.fstat(fd)
-    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    return _device_is_tmpfs(os.fstat(fd).st_dev)
+
+
+@functools.lru_cache(maxsize=64)
+def _device_is_tmpfs(st_dev: int) -> bool:
+    # Once per device and process: a package's large files share one device.
+    dev = f"{os.major(st_dev)}:{os.minor(st_dev)}"
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -542,13 +554,46 @@ class _ChunkWriter:
             self.flushed = self.size
 
 
-def _pipelined_copy(in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int) -> tuple[str, int]:
+def _pipelined_copy(
+    in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int, ring: list[mmap.mmap] | None = None
+) -> tuple[str, int]:
     """Copy ``in_fd`` from where it stands to ``out_fd``: :func:`_pipelined_copy_from` reading with ``readv``."""
-    return _pipelined_copy_from(lambda buffer: os.readv(in_fd, [buffer]), out_fd, label, limit, progress, total)
+    return _pipelined_copy_from(lambda buffer: os.readv(in_fd, [buffer]), out_fd, label, limit, progress, total, ring)
+
+
+def new_ring() -> list[mmap.mmap]:
+    """The buffers of :func:`_pipelined_copy_from`: anonymous maps are
+    page-aligned, as direct I/O needs. One ring serves every file of a
+    staging in turn (each copy waits for its threads before it returns), so
+    a package of many large files does not map and fault in fresh buffers
+    for each; left to the garbage collector, because a traceback may still
+    hold a view of one."""
+    return [mmap.mmap(-1, CHUNK) for _ in range(_RING)]
+
+
+def _despite_interrupts(cleanup: Callable[[], None]) -> KeyboardInterrupt | None:
+    """Run ``cleanup`` (which must bear being run again) to its end, however
+    often Ctrl-C interrupts it; return the first interrupt it swallowed, for
+    the caller to raise once the cleanup is done. For the ring's stop: a
+    worker still running holds a buffer and the output descriptor, which
+    the caller closes next (and whose number the next open would reuse)."""
+    interrupted = None
+    while True:
+        try:
+            cleanup()
+            return interrupted
+        except KeyboardInterrupt as exc:
+            interrupted = interrupted or exc
 
 
 def _pipelined_copy_from(
-    read_into: Callable[[mmap.mmap], int], out_fd: int, label: str, limit: int, progress: Progress | None, total: int
+    read_into: Callable[[mmap.mmap], int],
+    out_fd: int,
+    label: str,
+    limit: int,
+    progress: Progress | None,
+    total: int,
+    ring: list[mmap.mmap] | None = None,
 ) -> tuple[str, int]:
     """Copy what ``read_into`` gives to ``out_fd`` hashing the written buffers; return (sha256 hex, bytes).
 
@@ -572,14 +617,13 @@ def _pipelined_copy_from(
     :data:`_DIRECT_ALIGN` (the last one, or a short read of a file being
     changed) turns direct mode off for the rest of the file. Durability is
     unchanged: the caller's ``fsync`` still commits the metadata and flushes
-    the device cache.
+    the device cache. ``ring`` (:func:`new_ring`) lends the buffers; by
+    default the copy maps its own.
     """
     import queue
     import threading
 
-    # Anonymous maps are page-aligned, as direct I/O needs; left to the
-    # garbage collector because a traceback may still hold a view of one.
-    buffers = [mmap.mmap(-1, CHUNK) for _ in range(_RING)]
+    buffers = ring if ring is not None else new_ring()
     free: queue.SimpleQueue = queue.SimpleQueue()
     filled: queue.SimpleQueue = queue.SimpleQueue()
     written: queue.SimpleQueue = queue.SimpleQueue()
@@ -599,7 +643,10 @@ def _pipelined_copy_from(
                 index = free.get()
                 if index is None:
                     return
-                n = read_into(buffers[index])
+                try:
+                    n = read_into(buffers[index])
+                except OSError as exc:  # the source, not the staged copy, failed
+                    raise _io_error("reading the source", exc, label) from None
                 if n == 0:
                     out.put(None)
                     return
@@ -625,13 +672,40 @@ def _pipelined_copy_from(
         except BaseException as exc:
             written.put(exc)
 
-    workers = [threading.Thread(target=read, name="viano-admit-read", daemon=True)]
+    # Each worker says when it is done with the buffers and the descriptor.
+    # Not Thread.join: on Python 3.11 a join that Ctrl-C interrupted returns
+    # at once the next time, thread still running; Event.wait can be retried.
+    finished: list[threading.Event] = []
+
+    def start(target: Callable[[], None], name: str) -> None:
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                target()
+            finally:
+                done.set()
+
+        finished.append(done)
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    start(read, "viano-admit-read")
     if direct:
-        workers.append(threading.Thread(target=write, name="viano-admit-write", daemon=True))
-    for worker in workers:
-        worker.start()
+        start(write, "viano-admit-write")
     digest = hashlib.sha256()
     size = 0
+
+    def stop_and_wait() -> None:
+        stop.set()
+        free.put(None)  # unblock a reader waiting for a buffer
+        filled.put(None)  # and a writer waiting for a chunk
+        # Even after a failure: no buffer may go, and the caller may not
+        # close the descriptor, under a running read or write.
+        for done in finished:
+            done.wait()
+        if writer.direct:
+            _set_direct(out_fd, False)
+
     try:
         while True:
             item = written.get()
@@ -645,16 +719,12 @@ def _pipelined_copy_from(
             free.put(index)
             if progress is not None:
                 progress(label, size, total)
-    finally:
-        stop.set()
-        free.put(None)  # unblock a reader waiting for a buffer
-        filled.put(None)  # and a writer waiting for a chunk
-        for worker in workers:
-            # Even after a failure: no buffer may go, and the caller may not
-            # close the descriptor, under a running read or write.
-            worker.join()
-        if writer.direct:
-            _set_direct(out_fd, False)
+    except BaseException:
+        _despite_interrupts(stop_and_wait)  # the failure that got here is the one raised
+        raise
+    interrupted = _despite_interrupts(stop_and_wait)
+    if interrupted is not None:
+        raise interrupted
     return digest.hexdigest(), size
 
 
@@ -925,6 +995,7 @@ def _stage_files(
     # share the parent made (or found) for the first of them.
     content_root = os.fspath(content_dir)
     made_parent = None
+    ring = None  # mapped for the first large file, then lent to every other
     for rel in paths:
         parent = rel.rpartition("/")[0]
         if parent != made_parent:
@@ -935,7 +1006,9 @@ def _stage_files(
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             if expected > CHUNK:
-                sha, size = source.copy_to(rel, fd, limits, progress, expected)
+                if ring is None:
+                    ring = new_ring()
+                sha, size = source.copy_to(rel, fd, limits, progress, expected, ring)
             else:
                 digest = hashlib.sha256()
                 size = 0

@@ -41,11 +41,11 @@ __all__ = [
 CONTEXT_ROLES = ("runtime", "database", "source", "research")
 _DOCUMENT_ROLES = (("reports", "bug-report"), ("reproductions", "reproduction"))
 #: Outputs the builder itself publishes; never payload, never in a request hash.
-GENERATED_RE = re.compile(r"^case/revisions/[0-9]{4,}/(case\.json|case_summary\.md|case-built\.json)$")
+GENERATED_RE = re.compile(r"case/revisions/[0-9]{4,}/(case\.json|case_summary\.md|case-built\.json)")  # fullmatch only
 
 
 #: Lifecycle records the builder writes beside the inputs (who reopened and why).
-CONTROL_RE = re.compile(r"^inputs/[0-9]+/reopen\.json$")
+CONTROL_RE = re.compile(r"inputs/[0-9]+/reopen\.json")  # fullmatch only
 
 
 def is_generated(path: str) -> bool:

@@ -110,7 +110,7 @@ _CODE = "INVALID_VERIFICATION_REQUEST"
 _READ_CHUNK = 16 * 1024
 _REQUEST_SCHEMA = "verification-request"
 _POINTER_RE = re.compile(r"^(/([^~/]|~[01])*)+(?![\s\S])")
-_ARRAY_INDEX_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+_ARRAY_INDEX_RE = re.compile(r"0|[1-9][0-9]*")  # fullmatch only
 
 
 # --------------------------------------------------------------------------- parsing

@@ -476,3 +476,134 @@ def test_refill_fills_every_buffer_to_the_brim_but_the_last(chunk_sizes, buffer_
     assert b"".join(filled) == b"".join(chunks)
     assert all(len(piece) == buffer_size for piece in filled[:-1])
     assert refill(buffer) == 0
+
+
+_DOUBLE_INTERRUPT = r"""
+import json, os, signal, sys, threading, time, zipfile
+from pathlib import Path
+from pipeline import intake, zipscan
+
+kind, base = sys.argv[1], Path(sys.argv[2])
+src = base / "src"
+(src / "original" / "context").mkdir(parents=True)
+(src / "manifest.json").write_bytes(json.dumps({"format": "viano-package", "format_version": 1,
+    "package_id": "copy-pkg", "project": {"name": "copy", "version": "1"}, "analysis_revision": 1}).encode())
+payload = os.urandom(1 << 20) * 24
+(src / "original" / "context" / "dump.bin").write_bytes(payload)
+armed = threading.Event()
+
+def interrupt_twice():
+    # Once the ring is busy: Ctrl-C, then again while it stops.
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGINT)
+
+def arm():
+    if not armed.is_set():
+        armed.set()
+        threading.Thread(target=interrupt_twice, daemon=True).start()
+
+if kind == "deflated":
+    archive = base / "pkg.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(src / "manifest.json", "manifest.json")
+        z.write(src / "original" / "context" / "dump.bin", "original/context/dump.bin",
+                compress_type=zipfile.ZIP_DEFLATED, compresslevel=1)
+    src = archive
+    real_crc32 = zipscan.zlib.crc32
+
+    def slow_crc32(data, value=0):  # the reader thread is busy inside the member's generator
+        if threading.current_thread().name == "viano-admit-read":
+            arm()
+            time.sleep(0.3)
+        return real_crc32(data, value)
+
+    zipscan.zlib.crc32 = slow_crc32
+else:
+    real_write_out = intake._write_out
+
+    def slow_write_out(fd, view, direct):  # a worker is busy with the output descriptor
+        arm()
+        time.sleep(0.3)
+        return real_write_out(fd, view, direct)
+
+    intake._write_out = slow_write_out
+
+try:
+    intake.admit(base / "ws", "c1", src, progress=lambda *a: None)
+    raised = None
+except BaseException as error:
+    raised = type(error).__name__
+workers = [t.name for t in threading.enumerate() if t.name.startswith("viano-admit")]
+victims = [os.open(base / f"victim{i}", os.O_RDWR | os.O_CREAT, 0o644) for i in range(30)]
+time.sleep(1.5)  # a worker still running would now write into one of these
+print(json.dumps({"raised": raised, "workers": workers,
+                  "victims_written": [v for v in victims if os.fstat(v).st_size],
+                  "case": (base / "ws" / "cases" / "c1").exists()}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["directory", "deflated"])
+def test_ctrl_c_twice_during_a_large_copy_waits_for_the_ring_and_stays_an_interrupt(tmp_path, kind):
+    """A second Ctrl-C while the ring stops used to cut the wait short (on
+    Python 3.11 an interrupted Thread.join returns at once the next time):
+    the caller closed the output descriptor, or the member's generator, under
+    a running worker, which then wrote into whatever file reused the number,
+    or failed with "generator already executing". Now the copy waits for its
+    workers and raises the interrupt."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", _DOUBLE_INTERRUPT, kind, str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome == {"raised": "KeyboardInterrupt", "workers": [], "victims_written": [], "case": False}, outcome
+
+
+def test_one_ring_serves_every_large_file_of_a_package(tmp_path, mode, monkeypatch):
+    """The ring's buffers are mapped once per staging, not per file: a package
+    of many large files paid for six fresh megabytes (and their page faults)
+    per file."""
+    rings = []
+    real_new_ring = intake.new_ring
+
+    def counted():
+        rings.append(real_new_ring())
+        return rings[-1]
+
+    monkeypatch.setattr(intake, "new_ring", counted)
+    src = _package(tmp_path, _data(2 * MiB + 5))
+    datas = {f"original/context/more-{i}.bin": _data(intake.CHUNK + 1 + i * 4096, seed=i) for i in range(4)}
+    for rel, data in datas.items():
+        (src / rel).write_bytes(data)
+    manifest = intake.admit(mode, "c1", src, progress=QUIET)
+    assert len(rings) == 1
+    for rel, data in datas.items():
+        assert manifest["files"][rel]["sha256"] == hashlib.sha256(data).hexdigest()
+        assert (mode / "cases" / "c1" / "packages" / PACKAGE_ID / "content" / rel).read_bytes() == data
+
+
+def test_a_failing_source_read_is_named_as_such(tmp_path, monkeypatch):
+    """An I/O error reading the source in the ring is the source's, not the
+    staged copy's: IO_ERROR "reading the source failed", nothing left."""
+    ws = tmp_path / "ws"
+    src = _package(tmp_path, _data(5 * MiB))
+    real_readv = os.readv
+    calls = {"n": 0}
+
+    def failing_readv(fd, buffers):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(intake.os, "readv", failing_readv)
+    with pytest.raises(VianoError) as info:
+        intake.admit(ws, "c1", src, progress=QUIET)
+    monkeypatch.undo()
+    assert info.value.code == "IO_ERROR" and "reading the source failed" in str(info.value), str(info.value)
+    assert info.value.path == REL
+    assert not (ws / "cases" / "c1").exists()

@@ -260,6 +260,8 @@ def test_export_copies_outputs_and_refuses_to_overwrite(tmp_path, admitted):
     (("admit", "case=c2", "source=/does/not/exist"), "SOURCE_NOT_FOUND"),
     (("reopen", "case=c1", "by=robot", "reason=x"), "INVALID_ARGUMENT"),
     (("reopen", "case=c1", "by=agent:x\n", "reason=x"), "INVALID_ARGUMENT"),  # no trailing newline
+    (("reopen", "case=c1", "by=human:a\u2028b", "reason=x"), "INVALID_ARGUMENT"),  # no Unicode line break
+    (("reopen", "case=c1", "by=human:a\x85b", "reason=x"), "INVALID_ARGUMENT"),  # nor a C1 control
     (("reopen", "case=c1", "by=human:a", "reason=x"), "ILLEGAL_TRANSITION"),
     (("export", "case=c1", "dest=/tmp/viano-never"), "NOT_BUILT"),
 ])
