@@ -235,8 +235,7 @@ def main() -> None:
         appends = []
         # The other cold builds are spread among the rebuilds, so that both
         # medians sample the same minutes: this VM's CPU speed changes from one
-        # minute to the next, and the rebuild is CPU-bound where the cold build
-        # mostly waits for the device.
+        # minute to the next, and both are mostly CPU (see the CPU times).
         extra_colds = args.cold_repeat - 1
         # How many before each rebuild: evenly spread, several before one
         # rebuild when more are asked for than there are rebuilds.

@@ -118,7 +118,12 @@ def open_existing_store(ws, case_id: str):
     if not ws.store_path.exists():
         raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)")
     store = CheckpointStore(ws)
-    if not store.exists(case_id):
+    try:
+        known = store.exists(case_id)
+    except BaseException:
+        store.close()
+        raise
+    if not known:
         store.close()
         raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace")
     return store
