@@ -607,3 +607,56 @@ def test_a_failing_source_read_is_named_as_such(tmp_path, monkeypatch):
     assert info.value.code == "IO_ERROR" and "reading the source failed" in str(info.value), str(info.value)
     assert info.value.path == REL
     assert not (ws / "cases" / "c1").exists()
+
+
+_INTERRUPT_AT_START = r"""
+import json, os, signal, sys, tempfile, threading, time
+from pipeline import intake
+
+# A Ctrl-C that arrives while the ring starts its workers: the moment at
+# which Python would raise it inside the start-up code, before the copy
+# could stop and wait for them.
+real_start = threading.Thread.start
+
+def start_then_interrupt(thread):
+    real_start(thread)
+    if thread.name == "viano-admit-read":
+        os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread.start = start_then_interrupt
+inside = threading.Event()
+
+def read_into(buffer):
+    inside.set()
+    try:
+        time.sleep(0.2)  # the reader is busy with a buffer when the interrupt comes
+        buffer[:4] = b"data"
+        return 4
+    finally:
+        inside.clear()
+
+fd, path = tempfile.mkstemp()
+try:
+    intake._pipelined_copy_from(read_into, fd, "x", 1 << 40, None, 1 << 40, intake.new_ring())
+    outcome = "returned"
+except BaseException as error:
+    outcome = type(error).__name__
+reader_busy = inside.is_set()
+handler_restored = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+print(json.dumps({"outcome": outcome, "reader_busy_after": reader_busy, "handler_restored": handler_restored}))
+"""
+
+
+def test_a_ctrl_c_while_the_ring_starts_is_raised_only_after_its_workers_stopped():
+    """Ctrl-C is deferred while the ring runs (recorded, then raised by the
+    copying loop), so it can no longer escape from the code that starts or
+    stops the workers and leave one busy with a buffer and the descriptor;
+    the standard handler is back afterwards."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_START], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome == {"outcome": "KeyboardInterrupt", "reader_busy_after": False, "handler_restored": True}, outcome
