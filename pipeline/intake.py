@@ -47,7 +47,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import functools
 import hashlib
 import mmap
 import os
@@ -125,7 +124,12 @@ class StderrProgress:
         if done >= nxt or done >= total:
             stream = self.stream or sys.stderr
             shown = path.encode("unicode_escape").decode("ascii")
-            print(f"admit: {shown}: {done // MiB} / {total // MiB} MiB", file=stream, flush=True)
+            try:
+                print(f"admit: {shown}: {done // MiB} / {total // MiB} MiB", file=stream, flush=True)
+            except (OSError, ValueError):
+                # Nobody reads the progress any more (a closed pipe or stream):
+                # the admission goes on without it rather than failing.
+                self.min_size = float("inf")
             self._next[path] = (done // step + 1) * step
             if done >= total:
                 self._next.pop(path, None)
@@ -481,13 +485,14 @@ coarser one refuses the write with EINVAL and the copy goes on buffered."""
 
 
 def _on_tmpfs(fd: int) -> bool:
-    """True if ``fd`` lives on tmpfs (by its device number in ``/proc/self/mountinfo``)."""
+    """True if ``fd`` lives on tmpfs (by its device number in ``/proc/self/mountinfo``).
+
+    Asked anew each time, not cached by device number: a number freed by an
+    unmount is given to the next filesystem mounted, of whatever type."""
     return _device_is_tmpfs(os.fstat(fd).st_dev)
 
 
-@functools.lru_cache(maxsize=64)
 def _device_is_tmpfs(st_dev: int) -> bool:
-    # Once per device and process: a package's large files share one device.
     dev = f"{os.major(st_dev)}:{os.minor(st_dev)}"
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:

@@ -660,3 +660,21 @@ def test_a_ctrl_c_while_the_ring_starts_is_raised_only_after_its_workers_stopped
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome == {"outcome": "KeyboardInterrupt", "reader_busy_after": False, "handler_restored": True}, outcome
+
+
+def test_progress_nobody_reads_does_not_stop_the_admission(tmp_path):
+    """A progress stream that fails (a closed pipe: `doit admit ... | true`)
+    costs the progress lines, not the admission."""
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    data = _data(3 * MiB)
+    src = _package(tmp_path, data)
+    progress = intake.StderrProgress(ClosedPipe(), min_size=MiB, step=MiB)
+    manifest = intake.admit(tmp_path / "ws", "c1", src, progress=progress)
+    _assert_stored(tmp_path / "ws", "c1", manifest, data)
