@@ -61,6 +61,7 @@ from typing import Callable, Iterator
 
 import contracts
 
+from .interrupts import InterruptsWhileCopying, despite_interrupts
 from .errors import AdmissionError, VianoError
 from .faults import crashpoint
 from .jsoncanon import decode_strict, pretty_bytes
@@ -576,64 +577,6 @@ def new_ring() -> list[mmap.mmap]:
     return [mmap.mmap(-1, CHUNK) for _ in range(_RING)]
 
 
-class _InterruptsWhileCopying:
-    """Ctrl-C, while the ring runs, as a message to the copying thread.
-
-    Python raises KeyboardInterrupt wherever the main thread happens to be,
-    which may be inside the code that starts the ring's workers or waits for
-    them; then the copy would return with a worker still holding a buffer
-    and the output descriptor. While this is entered (in the main thread,
-    where the standard handler is installed) a Ctrl-C is only recorded and
-    handed to ``wake``, which queues it for the copying loop: that loop
-    raises it at a point where the stop and the wait always run in full. On
-    leaving, the standard handler is back, and an interrupt recorded but not
-    yet raised is raised by :meth:`raise_pending`.
-    """
-
-    def __init__(self, wake: Callable[[KeyboardInterrupt], None]) -> None:
-        self._wake = wake
-        self._previous = None
-        self.pending: KeyboardInterrupt | None = None
-
-    def __enter__(self) -> "_InterruptsWhileCopying":
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._record)
-        return self
-
-    def _record(self, signum, frame) -> None:
-        if self.pending is None:
-            self.pending = KeyboardInterrupt()
-            self._wake(self.pending)  # SimpleQueue.put may be called from a signal handler
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            import signal
-
-            signal.signal(signal.SIGINT, self._previous)
-
-    def raise_pending(self) -> None:
-        if self.pending is not None:
-            raise self.pending
-
-
-def _despite_interrupts(cleanup: Callable[[], None]) -> KeyboardInterrupt | None:
-    """Run ``cleanup`` (which must bear being run again) to its end, however
-    often Ctrl-C interrupts it; return the first interrupt it swallowed, for
-    the caller to raise once the cleanup is done. For the ring's stop: a
-    worker still running holds a buffer and the output descriptor, which
-    the caller closes next (and whose number the next open would reuse)."""
-    interrupted = None
-    while True:
-        try:
-            cleanup()
-            return interrupted
-        except KeyboardInterrupt as exc:
-            interrupted = interrupted or exc
-
-
 def _pipelined_copy_from(
     read_into: Callable[[mmap.mmap], int],
     out_fd: int,
@@ -755,7 +698,7 @@ def _pipelined_copy_from(
         if writer.direct:
             _set_direct(out_fd, False)
 
-    with _InterruptsWhileCopying(written.put) as interrupts:
+    with InterruptsWhileCopying(written.put) as interrupts:
         try:
             start(read, "viano-admit-read")
             if direct:
@@ -773,9 +716,9 @@ def _pipelined_copy_from(
                 if progress is not None:
                     progress(label, size, total)
         except BaseException:
-            _despite_interrupts(stop_and_wait)  # the failure that got here is the one raised
+            despite_interrupts(stop_and_wait)  # the failure that got here is the one raised
             raise
-        interrupted = _despite_interrupts(stop_and_wait)
+        interrupted = despite_interrupts(stop_and_wait)
     if interrupted is not None:
         raise interrupted
     interrupts.raise_pending()  # a Ctrl-C that came while the workers finished

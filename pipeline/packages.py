@@ -49,6 +49,7 @@ from typing import Callable, Mapping
 
 from .errors import CaseBuildError, IntegrityError, VianoError
 from .faults import crashpoint
+from .interrupts import InterruptsWhileCopying, despite_interrupts
 from .jsoncanon import decode_strict, json_copy, pretty_bytes, sha256_hex
 from .workspace import (
     ID_PATTERN,
@@ -244,29 +245,52 @@ def _hash_direct(twin: int, progress: Progress | None, label: str) -> tuple[str,
         except BaseException as exc:  # handed to the hashing thread, which raises it
             filled.put(exc)
 
-    reader = threading.Thread(target=read, name="viano-verify-read", daemon=True)
-    reader.start()
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        while True:
-            item = filled.get()
-            if item is None:
-                return digest.hexdigest(), size
-            if isinstance(item, BaseException):
-                raise item
-            index, count = item
-            digest.update(memoryview(buffers[index])[:count])
-            size += count
-            free.put(index)
-            if progress is not None:
-                progress(label, size)
-    finally:
+    # The reader says when it is done with the buffers and the descriptor
+    # (not Thread.join, and Ctrl-C deferred meanwhile: pipeline.interrupts).
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            read()
+        finally:
+            done.set()
+
+    def stop_and_wait() -> None:
         stop.set()
         free.put(None)  # wake a reader waiting for a buffer
-        reader.join()
-        for buffer in buffers:
-            buffer.close()
+        done.wait()
+
+    digest = hashlib.sha256()
+    size = 0
+    with InterruptsWhileCopying(filled.put) as interrupts:
+        try:
+            try:
+                threading.Thread(target=run, name="viano-verify-read", daemon=True).start()
+            except RuntimeError:  # no thread: none to wait for
+                done.set()
+                raise
+            while True:
+                item = filled.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                index, count = item
+                digest.update(memoryview(buffers[index])[:count])
+                size += count
+                free.put(index)
+                if progress is not None:
+                    progress(label, size)
+        except BaseException:
+            despite_interrupts(stop_and_wait)  # the failure that got here is the one raised
+            raise
+        interrupted = despite_interrupts(stop_and_wait)
+    for buffer in buffers:
+        buffer.close()
+    if interrupted is not None:
+        raise interrupted
+    interrupts.raise_pending()
+    return digest.hexdigest(), size
 
 
 def _hash_content(fd: int, progress: Progress | None = None, label: str = "") -> tuple[str, int]:

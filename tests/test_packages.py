@@ -928,3 +928,54 @@ def test_parsed_manifests_are_kept_by_publishers_and_loaders_and_checked_where_i
     with pytest.raises(VianoError) as caught:
         Package(ws, "case-1", "pkg-1", parsed_manifests=cache.parsed_manifests()).manifest(2)
     assert caught.value.code == "INTEGRITY_ERROR"
+
+
+_HASH_INTERRUPTED_AT_START = r"""
+import json, os, signal, tempfile, threading, time
+from pipeline import packages
+
+real_start = threading.Thread.start
+
+def start_then_interrupt(thread):
+    real_start(thread)
+    if thread.name == "viano-verify-read":
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just as the reader starts
+
+threading.Thread.start = start_then_interrupt
+inside = threading.Event()
+real_readv = os.readv
+
+def slow_readv(fd, buffers):
+    inside.set()
+    try:
+        time.sleep(0.2)  # the reader is busy with a buffer when the interrupt comes
+        return real_readv(fd, buffers)
+    finally:
+        inside.clear()
+
+os.readv = slow_readv
+fd, path = tempfile.mkstemp()
+os.write(fd, b"x" * (8 << 20))
+os.lseek(fd, 0, os.SEEK_SET)
+try:
+    packages._hash_direct(fd, None, "x")
+    outcome = "returned"
+except BaseException as error:
+    outcome = type(error).__name__
+print(json.dumps({"outcome": outcome, "reader_busy_after": inside.is_set(),
+                  "handler_restored": signal.getsignal(signal.SIGINT) is signal.default_int_handler}))
+"""
+
+
+def test_a_ctrl_c_while_the_direct_hash_starts_waits_for_its_reader():
+    """hash_context's direct-read ring defers Ctrl-C like admission's copy:
+    the interrupt is raised once the reader is done with the buffers and the
+    descriptor the caller closes next (pipeline.interrupts)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", _HASH_INTERRUPTED_AT_START], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome == {"outcome": "KeyboardInterrupt", "reader_busy_after": False, "handler_restored": True}, outcome
