@@ -58,7 +58,10 @@ __all__ = [
     "GAP_CODES",
     "assemble",
     "CaseAssembler",
+    "APPENDED_LISTS",
+    "carry_forward",
     "check_reference",
+    "prior_numbering",
     "document_fragment",
 ]
 
@@ -186,6 +189,11 @@ class _Ids:
         except (KeyError, TypeError) as exc:
             raise CaseBuildError("INCOMPATIBLE_CASE", f"prior case lacks a required block ({exc})") from None
 
+    def raise_floor(self, ns: str, floor: int) -> None:
+        """New records of ``ns`` are numbered from ``floor`` at least."""
+        if floor > self._next[ns]:
+            self._next[ns] = floor
+
     def get(self, ns: str, source: str, pointer: str) -> str:
         key = (ns, source, pointer)
         if key in self._given:  # a source listed twice would otherwise duplicate ids
@@ -215,9 +223,13 @@ def _entity_id(value: Any, source: str, pointer: str) -> str:
 class _Entities:
     """Entities merged by (explicit type, string id), in first-appearance order."""
 
-    def __init__(self) -> None:
+    def __init__(self, earlier: list[dict] = ()) -> None:
         self._by_key: dict[tuple[str, str], dict] = {}
         self._order: list[tuple[str, str]] = []
+        for record in earlier:  # a carried case's entities, merged first as they were
+            key = (record["type"], record["id"])
+            self._by_key[key] = json_copy(record)
+            self._order.append(key)
 
     def add(self, fragment_entities: list[dict], source: str, kind: str) -> None:
         """Merge one document's entities (as :func:`_fragment_entities` lists
@@ -481,7 +493,7 @@ def _as_is(value: Any) -> Any:
 # --------------------------------------------------------------------------- assemble
 
 
-def assemble(snapshot: dict, *, owned: bool = False) -> dict:
+def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None) -> dict:
     """Build the canonical case document (docs/internals.md) from ``snapshot``.
 
     Pure and deterministic; raises :class:`CaseBuildError` with a stable code
@@ -492,7 +504,20 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
     caller gives up the snapshot's cached fragments, whose statements, fact
     values and steps become the case's own (the same case, without copying
     thousands of records the caller would discard anyway).
+
+    With ``carried`` (what :func:`carry_forward` kept of an earlier build
+    whose inventory is the start of this one's), the documents marked
+    ``carried`` in the snapshot are not walked again: the case's record
+    lists (:data:`APPENDED_LISTS`) hold only the other documents' records,
+    numbered as the whole case numbers them, and everything derived across
+    records (entities, claim conflicts, completeness, the research request,
+    gaps) is derived from the carried state and the new records together.
+    :func:`pipeline.splice.splice_case` puts the earlier build's records in
+    front; the result is byte for byte the case assembled whole.
     """
+    if carried is not None and snapshot.get("expected_research"):
+        # External statements are numbered after every tester statement: not appendable.
+        raise ValueError("a carried assembly takes no research results")
     statement_from = _owned_statement if owned else _copied_statement
     take = _as_is if owned else json_copy
     manifest = snapshot["manifest"]
@@ -500,6 +525,10 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
     limit = (snapshot.get("limits") or {}).get("inline_fact_value", DEFAULT_INLINE_FACT_VALUE)
     prior = snapshot.get("prior_case")
     ids = _Ids(prior.get("document") if prior else None)
+    earlier = carried or _NOTHING_CARRIED
+    for ns, floor in earlier["next_floor"].items():
+        # The numbers the carried documents used, as if they were walked again.
+        ids.raise_floor(ns, floor)
 
     reports = _by_seq(list(snapshot.get("reports") or []))
     reproductions = _by_seq(list(snapshot.get("reproductions") or []))
@@ -509,12 +538,14 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
     summaries: list[dict] = []
     blocks: dict[str, list[dict]] = {"O": [], "C": [], "T": [], "E": []}
     declarations: list[dict] = []
-    entities = _Entities()
+    entities = _Entities(earlier["entities"])
     facts: list[dict] = []
     repro_records: list[dict] = []
 
     # One pass in inventory order, document order inside: this is the id numbering order.
     for role, doc in inventory:
+        if doc.get("carried"):
+            continue
         source = doc["path"]
         fragment = _fragment_of(role, doc, limit)
         if role == "report":
@@ -560,14 +591,18 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
         entities.add(fragment["entities"], source, "tester_report" if role == "report" else "reproduction")
 
     # R ids follow inventory order of reproductions (append-only, hence stable).
-    reproduction_list = [{"id": f"R{n:04d}", **record} for n, record in enumerate(repro_records, start=1)]
+    first_r = earlier["reproductions"] + 1
+    reproduction_list = [{"id": f"R{n:04d}", **record} for n, record in enumerate(repro_records, start=first_r)]
 
-    observation_conflicts = _claim_conflicts("human_observations", blocks["O"])
-    expected_conflicts = _claim_conflicts("expected_behavior", blocks["E"])
+    claimed = {ns: [*(_claim_statement(row) for row in earlier["claims"][ns]), *blocks[ns]] for ns in ("O", "E")}
+    observation_conflicts = _claim_conflicts("human_observations", claimed["O"])
+    expected_conflicts = _claim_conflicts("expected_behavior", claimed["E"])
     tester_statements = blocks["E"]
-    declared_sources = {d["source"] for d in declarations}
-    undeclared = any(st["provenance"]["source"] not in declared_sources for st in tester_statements)
-    completeness = _completeness(declarations, bool(tester_statements), bool(expected_conflicts), undeclared)
+    all_declarations = [*earlier["declarations"], *declarations]
+    declared_sources = {d["source"] for d in all_declarations}
+    tester_sources = [*earlier["tester_sources"], *(st["provenance"]["source"] for st in tester_statements)]
+    undeclared = any(source not in declared_sources for source in tester_sources)
+    completeness = _completeness(all_declarations, bool(tester_sources), bool(expected_conflicts), undeclared)
 
     index_ref = snapshot.get("index")
     index_path = index_ref["path"] if index_ref else None
@@ -594,7 +629,7 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
             "completeness": completeness,
             "declarations": declarations,
             "statements": list(tester_statements),
-            "status": "tester" if tester_statements else None,
+            "status": "tester" if tester_sources else None,
             "sufficiency": "complete" if completeness == "reported_complete" else "partial",
         },
         "reproduction": {"reproductions": reproduction_list},
@@ -617,7 +652,7 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
     }
 
     # The request is built before external statements exist, so enrichment never changes it.
-    request = build_research_request(case)
+    request = build_research_request(case, earlier)
     case["research"]["request"] = request
     case["research"]["request_hash"] = None if request is None else canonical_hash(request)
 
@@ -650,16 +685,16 @@ def assemble(snapshot: dict, *, owned: bool = False) -> dict:
         gaps.append(_gap("NO_REPORTS"))
     if not reproductions:
         gaps.append(_gap("NO_REPRODUCTIONS"))
-    if not expected["statements"]:
+    if not expected["statements"] and not tester_sources:
         gaps.append(_gap("NO_EXPECTED_BEHAVIOR"))
     for path in snapshot.get("superseded", []):
         gaps.append({**_gap("SUPERSEDED_INPUT"), "source": path})
-    for path in _unnormalized_sources(case):
+    for path in _unnormalized_sources([*claimed["O"], *claimed["E"], *external], case["entities"]):
         gaps.append({**_gap("UNNORMALIZED_KEY"), "source": path})
     return case
 
 
-def _unnormalized_sources(case: dict) -> list[str]:
+def _unnormalized_sources(statements: list[dict], entities: list[dict]) -> list[str]:
     """Sources holding a claim key or entity type that differs from another
     only by Unicode normalisation (``café`` composed vs decomposed). Keys are
     compared code point for code point (nothing is normalised or merged:
@@ -667,9 +702,8 @@ def _unnormalized_sources(case: dict) -> list[str]:
     instead of silently never meeting."""
     first_form: dict[tuple[str, str], str] = {}
     flagged: list[str] = []
-    statements = list(case["human_observations"]["observations"]) + list(case["expected_behavior"]["statements"])
     named = [("claim", s["claim"]["key"], s["provenance"]["source"]) for s in statements if s.get("claim")]
-    named += [("entity", e["type"], src["source"]) for e in case["entities"] for src in e["sources"]]
+    named += [("entity", e["type"], src["source"]) for e in entities for src in e["sources"]]
     for kind, text, source in named:
         folded = (kind, unicodedata.normalize("NFC", text))
         seen = first_form.setdefault(folded, text)
@@ -686,3 +720,110 @@ class CaseAssembler:
 
 def _gap(code: str) -> dict:
     return {"code": code, "message": GAP_CODES[code]}
+
+
+# --------------------------------------------------------------------------- carried state
+
+#: The case's record lists that an append only extends (a new document's
+#: records come after every earlier one's, see :func:`assemble`); the records
+#: of a carried assembly. Everything else in a case is derived whole.
+APPENDED_LISTS: tuple[tuple[str, str], ...] = (
+    ("bug", "titles"),
+    ("bug", "summaries"),
+    ("human_observations", "observations"),
+    ("human_observations", "comments"),
+    ("human_observations", "tester_hypotheses"),
+    ("expected_behavior", "declarations"),
+    ("expected_behavior", "statements"),
+    ("reproduction", "reproductions"),
+    ("runtime_facts", "facts"),
+)
+
+_NOTHING_CARRIED: dict = {
+    "next_floor": {},
+    "reproductions": 0,
+    "entities": [],
+    "claims": {"O": [], "E": []},
+    "declarations": [],
+    "tester_sources": [],
+    "titles": [],
+    "summaries": [],
+    "expectations": [],
+    "referenced": [],
+}
+
+_ID_LISTS = (
+    ("O", "human_observations", "observations"),
+    ("C", "human_observations", "comments"),
+    ("T", "human_observations", "tester_hypotheses"),
+    ("E", "expected_behavior", "statements"),
+    ("F", "runtime_facts", "facts"),
+)
+
+
+def prior_numbering(prior_document: dict) -> tuple[dict[str, int], list[str]]:
+    """What a prior case (or its view) gives ids: the number each namespace's
+    new records start from, and the sources it holds records of. A carried
+    assembly needs the prior case itself only when a new document is one of
+    those sources; else these stand in for it."""
+    floors: dict[str, int] = {}
+    sources: set[str] = set()
+    for ns, block, field in _ID_LISTS:
+        for record in prior_document[block][field]:
+            number = int(record["id"][1:]) + 1
+            if number > floors.get(ns, 0):
+                floors[ns] = number
+            sources.add(record["provenance"]["source"])
+    return floors, sorted(sources)
+
+
+def _claim_statement(row: list) -> dict:
+    rid, key, value, source, pointer = row
+    return {"id": rid, "claim": {"key": key, "value": value}, "provenance": {"source": source, "pointer": pointer}}
+
+
+def carry_forward(carried: dict | None, case: dict) -> dict:
+    """What a later :func:`assemble` with ``carried`` needs of this build: the
+    state ``carried`` described plus what ``case`` (assembled with it) added.
+
+    Small next to the case: entities and declarations whole, claims as rows,
+    the texts the research request repeats, the highest id numbers, the count
+    of reproductions and the files they reference. Plain JSON-like values
+    (the build keeps them as MessagePack). A case with research results has
+    no carried state (``None``): its external statements are numbered after
+    every tester statement, so it cannot be extended by appending.
+    """
+    if case["research"]["results"]:
+        return None
+    earlier = carried or _NOTHING_CARRIED
+    floor = dict(earlier["next_floor"])
+    for ns, block, field in _ID_LISTS:
+        for record in case[block][field]:
+            number = int(record["id"][1:]) + 1
+            if number > floor.get(ns, 0):
+                floor[ns] = number
+    claims = {ns: list(earlier["claims"][ns]) for ns in ("O", "E")}
+    for ns, statements in (("O", case["human_observations"]["observations"]), ("E", case["expected_behavior"]["statements"])):
+        claims[ns] += [
+            [s["id"], s["claim"]["key"], s["claim"]["value"], s["provenance"]["source"], s["provenance"]["pointer"]]
+            for s in statements
+            if "claim" in s
+        ]
+    tester = case["expected_behavior"]["statements"]
+    referenced = list(earlier["referenced"])
+    for record in case["reproduction"]["reproductions"]:
+        if record["events_ref"] is not None:
+            referenced.append(record["events_ref"]["path"])
+        referenced += [ref["path"] for ref in record["attachments"]]
+    return {
+        "next_floor": floor,
+        "reproductions": earlier["reproductions"] + len(case["reproduction"]["reproductions"]),
+        "entities": case["entities"],
+        "claims": claims,
+        "declarations": [*earlier["declarations"], *case["expected_behavior"]["declarations"]],
+        "tester_sources": [*earlier["tester_sources"], *(s["provenance"]["source"] for s in tester)],
+        "titles": [*earlier["titles"], *(t["text"] for t in case["bug"]["titles"])],
+        "summaries": [*earlier["summaries"], *(t["text"] for t in case["bug"]["summaries"])],
+        "expectations": [*earlier["expectations"], *([s["id"], s["text"]] for s in tester)],
+        "referenced": referenced,
+    }

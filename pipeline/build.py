@@ -49,6 +49,10 @@ _HELD: dict[tuple[str, str], object] = {}
 # megabytes of JSON back into the very same dict costs each of them
 # milliseconds. Matched by content, so a record changed in between is decoded.
 _ASSEMBLED: list[tuple[bytes, dict]] = []
+# What render needs of assemble to splice the summary and leave the state
+# for the next append rebuild: (case bytes, the part assembled or None when
+# assembled whole, the previous summary, the state carried on, the inputs).
+_SPLICING: list[tuple[bytes, dict | None, bytes | None, dict | None, list, list]] = []
 # The outputs this process wrote to the cache, by path: (file version, bytes).
 # A later step of the same run takes the very bytes object instead of reading
 # megabytes back, as long as the file is still that version; publication then
@@ -449,15 +453,26 @@ def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -
     cache.write_json(cache.opaque(path, sha256, size), {"path": path, "sha256": sha256, "size": size})
 
 
-def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
+def _snapshot(
+    cache: BuildCache, plan: dict, carried: frozenset[str] = frozenset(), carried_refs: list[str] = (), prior_document: bool = True
+) -> tuple[dict, bool]:
     """Gather the cached, verified inputs into the assembler's snapshot; also
-    say whether it holds no float (then neither does the case it assembles)."""
+    say whether it holds no float (then neither does the case it assembles).
+
+    The documents named in ``carried`` (an append rebuild's earlier inputs,
+    see :func:`_splice_start`) are not read: their entries say ``carried``,
+    and ``carried_refs`` are the files their reproductions reference.
+    Without ``prior_document`` the prior case is referenced but not read
+    (its ids then come from the carried state)."""
     from .jsoncanon import float_free
 
     documents = {}
     dropped = []
     fragments_float_free = True
     for doc in plan["documents"]:
+        if doc["path"] in carried:
+            documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, "carried": True}
+            continue
         record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
         try:
             record = cache.read_json_fast(record_path)
@@ -495,6 +510,8 @@ def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
     # An inherited document is dropped (never fatal) for anything that would
     # stop the build: its references, and for research its request pairing.
     for reproduction in docs("reproductions"):
+        if reproduction.get("carried"):
+            continue
         if reproduction["path"] in lenient and not _references_resolve(_reproduction_refs(reproduction), plan["files"]):
             drop(reproduction["path"])
 
@@ -522,7 +539,10 @@ def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
         referenced.update(ref["path"] for ref in value)
     referenced.update(ref["path"] for ref in plan["index_history"])
     referenced.update(d["path"] for d in plan["documents"])
+    referenced.update(carried_refs)
     for reproduction in docs("reproductions"):
+        if reproduction.get("carried"):
+            continue
         body = _reproduction_refs(reproduction)
         if isinstance(body.get("events_ref"), str):
             referenced.add(body["events_ref"])
@@ -538,7 +558,9 @@ def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
     superseded = list(plan.get("superseded", [])) + [d["path"] for d in dropped if d["path"] not in plan.get("superseded", [])]
 
     prior = None
-    if plan["prior_case"] is not None:
+    if plan["prior_case"] is not None and not prior_document:
+        prior = {**plan["prior_case"], "document": None}
+    elif plan["prior_case"] is not None:
         # Planning left the prior case's view in the cache (its ids are all
         # assemble takes from it); a cache cleared since then is an error of
         # the same kind as a missing input record.
@@ -576,11 +598,13 @@ def _snapshot(cache: BuildCache, plan: dict) -> tuple[dict, bool]:
     # the reference (path, sha256, size).
     def measured(key, value):
         if key in ("reports", "reproductions"):
-            return all(float_free({k: v for k, v in entry.items() if k != "fragment"}) for entry in value)
+            return all(float_free({k: v for k, v in entry.items() if k not in ("fragment", "carried")}) for entry in value)
         if key == "prior_case" and value is not None:
             return float_free({k: v for k, v in value.items() if k != "document"})
         return float_free(value)
 
+    if carried:
+        return snapshot, False  # not measured: the part assembled from it is small enough to measure itself
     rest_float_free = fragments_float_free and all(measured(key, value) for key, value in snapshot.items())
     return snapshot, rest_float_free
 
@@ -643,11 +667,12 @@ def _check_research_pairs(plan: dict, research: list[dict]) -> None:
 
 def step_assemble(workspace_root, case_id) -> None:
     """assemble: snapshot from cache -> pure assemble -> case contract -> cache."""
-    from .assemble import assemble
+    from .assemble import assemble, carry_forward, prior_numbering
 
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
+    _SPLICING.clear()
     if _reusing(cache):
         # A confirmed case is taken as published (after its contract check),
         # never re-assembled: a changed limit or builder detail must not turn
@@ -656,14 +681,136 @@ def step_assemble(workspace_root, case_id) -> None:
         _check_case_contract(None, data, plan["outputs"]["case"])
         _write_output(cache, cache.case_json, data)
         return
+    start = _splice_start(cache, plan)
+    if start is not None and _assemble_spliced(cache, plan, *start):
+        return
     snapshot, snapshot_float_free = _snapshot(cache, plan)
     case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
-    if len(data) > plan["limits"]["case_bytes"]:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
+    _check_case_size(plan, data)
     _write_output(cache, cache.case_json, data)
     _ASSEMBLED[:] = [(data, case)]
+    carried = carry_forward(None, case)
+    prior_sources: list[str] = []
+    if carried is not None and snapshot["prior_case"] is not None:
+        floors, prior_sources = prior_numbering(snapshot["prior_case"]["document"])
+        for ns, floor in floors.items():  # the prior's numbers count as used
+            carried["next_floor"][ns] = max(floor, carried["next_floor"].get(ns, 0))
+    _SPLICING[:] = [(data, None, None, carried, _units(snapshot), prior_sources)]
+
+
+def _check_case_size(plan: dict, data: bytes) -> None:
+    if len(data) > plan["limits"]["case_bytes"]:
+        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
+
+
+def _units(snapshot: dict) -> list[list[str]]:
+    """The reports and reproductions a case was assembled from, in inventory order."""
+    docs = [("report", d) for d in snapshot["reports"]] + [("reproduction", d) for d in snapshot["reproductions"]]
+    return [[role, d["path"], d["sha256"]] for role, d in sorted(docs, key=lambda pair: pair[1]["seq"])]
+
+
+def _plan_units(plan: dict) -> list[tuple[str, dict]]:
+    by_path = {d["path"]: d for d in plan["documents"]}
+    roles = plan["roles"]
+    docs = [("report", by_path.get(r["path"])) for r in roles.get("reports", [])]
+    docs += [("reproduction", by_path.get(r["path"])) for r in roles.get("reproductions", [])]
+    if any(d is None for _, d in docs):
+        return []
+    return sorted(docs, key=lambda pair: pair[1]["seq"])
+
+
+def _splice_start(cache: BuildCache, plan: dict) -> tuple | None:
+    """What an append rebuild can splice from: the state the previous build
+    left (:func:`pipeline.assemble.carry_forward`) and its two outputs, when
+    they are still the bytes it describes, the earlier build's inputs begin
+    this build's inventory unchanged, and ids would come out as it numbered
+    them (the same prior case, or its own case as the prior). Else None: the
+    case is assembled whole, which is always right, only slower."""
+    if plan["roles"].get("expected_research"):
+        return None
+    try:
+        state = cache.read_msgpack(cache.splice_state, dict)
+        earlier_units = state["units"]
+        prior = plan["prior_case"]
+        prior_sha256 = prior["sha256"] if prior is not None else None
+        if (
+            state["case_id"] != plan["case_id"]
+            or state["package_id"] != plan["package_id"]
+            or state["inline_fact_value"] != plan["limits"]["inline_fact_value"]
+            or prior_sha256 not in (state["prior_sha256"], state["case_sha256"])
+        ):
+            return None
+        units = _plan_units(plan)
+        if len({d["path"] for _, d in units}) != len(units) or len(units) < len(earlier_units):
+            return None
+        if [[role, d["path"], d["sha256"]] for role, d in units[: len(earlier_units)]] != earlier_units:
+            return None
+        # The sources the prior case numbers: the same prior's, or the
+        # previous case's own when it is the prior (a new revision).
+        if prior_sha256 == state["prior_sha256"]:
+            prior_sources = state["prior_sources"]
+        else:
+            prior_sources = [path for _, path, _ in earlier_units]
+        needs_prior = bool({d["path"] for _, d in units[len(earlier_units) :]} & set(prior_sources))
+        carried = state["carried"]
+        if any(path not in plan["files"] for path in carried["referenced"]):
+            return None
+        previous_case = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])
+        previous_summary = _read_output(cache, cache.summary, plan["limits"]["summary_bytes"])
+        if sha256_hex(previous_case) != state["case_sha256"] or sha256_hex(previous_summary) != state["summary_sha256"]:
+            return None
+    except (OSError, VianoError, KeyError, TypeError, AttributeError):
+        return None
+    return carried, frozenset(path for _, path, _ in earlier_units), previous_case, previous_summary, prior_sources, needs_prior
+
+
+def _assemble_spliced(
+    cache: BuildCache,
+    plan: dict,
+    carried: dict,
+    carried_paths: frozenset,
+    previous_case: bytes,
+    previous_summary: bytes,
+    prior_sources: list[str],
+    needs_prior: bool,
+) -> bool:
+    """Assemble only the documents after the carried ones and splice the
+    previous case's records in front (:mod:`pipeline.splice`). False when the
+    result cannot be trusted to be the whole case's bytes, or the new records
+    fail the contract (the whole assembly then names the failing record by
+    its place in the whole case)."""
+    from .assemble import assemble, carry_forward
+    from .splice import splice_case
+
+    try:
+        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior)
+        if snapshot["expected_research"]:
+            return False
+        part = assemble(snapshot, owned=True, carried=carried)
+        part_bytes = pretty_bytes(part)
+        data = splice_case(previous_case, part_bytes)
+        # Every record of an appended list is checked on its own and no
+        # constraint relates two of them (pipeline.casecheck): the part's
+        # check is the whole case's, given the previous case passed.
+        _check_case_contract(part, part_bytes, plan["outputs"]["case"])
+        following = carry_forward(carried, part)
+    except OSError:
+        raise
+    except Exception:
+        # A shortcut only: whatever stops it (an input the whole assembly
+        # refuses with its code and pointer, a carried state that does not
+        # fit, bytes not shaped as expected) is met again, or not at all,
+        # by assembling the case whole.
+        return False
+    _check_case_size(plan, data)
+    _write_output(cache, cache.case_json, data)
+    _ASSEMBLED.clear()
+    _SPLICING[:] = [(data, part, previous_summary, following, _units(snapshot), prior_sources)]
+    added = len(snapshot["reports"]) + len(snapshot["reproductions"]) - len(carried_paths)
+    _progress(f"assemble: {added} new input(s) appended to the {len(carried_paths)} of the previous build")
+    return True
 
 
 def _reusing(cache: BuildCache) -> bool:
@@ -746,20 +893,63 @@ def step_render(workspace_root, case_id) -> None:
     if _reusing(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
-    case = _case_from(_read_output(cache, cache.case_json, plan["limits"]["case_bytes"]))  # written by assemble, checked against case-v1
-    memo = EscapeMemo(_read_escape_memo(cache))
-    lines = LineMemo(_read_line_memo(cache))
-    data = render_summary(case, memo, lines).encode("utf-8")
+    case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])  # written by assemble, checked against case-v1
+    splicing = _SPLICING[0] if _SPLICING and (_SPLICING[0][0] is case_bytes or _SPLICING[0][0] == case_bytes) else None
+    _SPLICING.clear()
+    data = None
+    if splicing is not None and splicing[1] is not None:
+        from .splice import SpliceError, splice_summary
+
+        try:
+            data = splice_summary(splicing[2], render_summary(splicing[1]).encode("utf-8"))
+        except SpliceError:
+            data = None
+    if data is None:
+        case = _case_from(case_bytes)
+        memo = EscapeMemo(_read_escape_memo(cache))
+        lines = LineMemo(_read_line_memo(cache))
+        data = render_summary(case, memo, lines).encode("utf-8")
+        for kept, path in ((memo, cache.escape_memo), (lines, cache.line_memo)):
+            if kept.worth_keeping():
+                try:
+                    cache.write_msgpack(path, kept.used)
+                    cache.remove_other_versions(path)
+                except OSError:
+                    pass  # only a head start for the next render
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
     _write_output(cache, cache.summary, data)
-    for kept, path in ((memo, cache.escape_memo), (lines, cache.line_memo)):
-        if kept.worth_keeping():
-            try:
-                cache.write_msgpack(path, kept.used)
-                cache.remove_other_versions(path)
-            except OSError:
-                pass  # only a head start for the next render
+    _leave_splice_state(cache, plan, case_bytes, data, splicing)
+
+
+def _leave_splice_state(cache: BuildCache, plan: dict, case_bytes: bytes, summary_bytes: bytes, splicing: tuple | None) -> None:
+    """The state the next append rebuild splices from, bound to the two
+    outputs by their digests; removed when this build leaves none (a state
+    left for older outputs would be refused by its digests anyway)."""
+    path = cache.splice_state
+    carried = splicing[3] if splicing is not None else None
+    try:
+        if carried is None:
+            path.unlink(missing_ok=True)
+            return
+        prior = plan["prior_case"]
+        cache.write_msgpack(
+            path,
+            {
+                "case_id": plan["case_id"],
+                "package_id": plan["package_id"],
+                "inline_fact_value": plan["limits"]["inline_fact_value"],
+                "prior_sha256": prior["sha256"] if prior is not None else None,
+                "case_sha256": sha256_hex(case_bytes),
+                "summary_sha256": sha256_hex(summary_bytes),
+                "units": splicing[4],
+                "prior_sources": splicing[5],
+                "carried": carried,
+            },
+        )
+        cache.remove_other_versions(path)
+    except (OSError, TypeError, ValueError, OverflowError):
+        path.unlink(missing_ok=True)  # only a head start for the next rebuild
 
 
 def _read_line_memo(cache: BuildCache) -> dict[bytes, str]:

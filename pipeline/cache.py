@@ -106,6 +106,11 @@ class BuildCache:
         """The case records the last contract check passed (:mod:`pipeline.casecheck`)."""
         return self._by_code("checked")
 
+    @property
+    def splice_state(self) -> Path:
+        """What the last build carries to the next append rebuild (:func:`pipeline.build._splice_start`)."""
+        return self._by_code("splice")
+
     def _by_code(self, stem: str) -> Path:
         # Under the builder code that made it: another builder never reads it.
         return self.root / "out" / f"{stem}.{self._code}.msgpack"

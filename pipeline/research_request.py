@@ -30,18 +30,22 @@ REQUEST_FORMAT_VERSION = 1
 REQUEST_SCOPE = "intended_behavior"
 
 
-def build_research_request(case_without_research: dict) -> dict | None:
+def build_research_request(case_without_research: dict, earlier: dict | None = None) -> dict | None:
     """The research request for ``case_without_research``, or ``None`` if not needed.
 
     ``case_without_research`` is an assembled case whose expected behaviour
     holds tester statements only (external statements are ignored if present,
-    so the request never depends on earlier research).
+    so the request never depends on earlier research). ``earlier`` holds what
+    records an append rebuild did not re-derive contribute (``titles``,
+    ``summaries``: texts; ``expectations``: ``[id, text]`` pairs), in order
+    before the case's own (:func:`pipeline.assemble.assemble` with ``carried``).
     """
     case = case_without_research
     expected = case["expected_behavior"]
     if expected["completeness"] == "reported_complete":
         return None
     identity = case["case"]
+    earlier = earlier or {}
     return {
         "format": REQUEST_FORMAT,
         "format_version": REQUEST_FORMAT_VERSION,
@@ -52,11 +56,12 @@ def build_research_request(case_without_research: dict) -> dict | None:
         "scope": REQUEST_SCOPE,
         "completeness": expected["completeness"],
         "bug": {
-            "titles": [t["text"] for t in case["bug"]["titles"]],
-            "summaries": [t["text"] for t in case["bug"]["summaries"]],
+            "titles": [*earlier.get("titles", ()), *(t["text"] for t in case["bug"]["titles"])],
+            "summaries": [*earlier.get("summaries", ()), *(t["text"] for t in case["bug"]["summaries"])],
         },
         "entities": [{"type": e["type"], "id": e["id"]} for e in case["entities"]],
         "tester_expectations": [
-            {"id": s["id"], "text": s["text"]} for s in expected["statements"] if s.get("origin", "tester") == "tester"
+            *({"id": rid, "text": text} for rid, text in earlier.get("expectations", ())),
+            *({"id": s["id"], "text": s["text"]} for s in expected["statements"] if s.get("origin", "tester") == "tester"),
         ],
     }

@@ -620,3 +620,67 @@ def test_a_confirmed_revision_refuses_new_appends_before_copying_anything(tmp_pa
         result = kit.doit("append", "case=c1", f"source={source}", workspace=ws)
         assert result.returncode != 0 and result.stderr.startswith("REOPEN_REQUIRED"), result.stderr
         assert kit.tree_digest(ws) == before  # nothing staged, not even for a moment's trace
+
+
+def _revision_outputs(ws: Path, revision: int) -> tuple[bytes, bytes]:
+    folder = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / f"{revision:04d}"
+    return (folder / "case.json").read_bytes(), (folder / "case_summary.md").read_bytes()
+
+
+def _splice_states(ws: Path) -> list[Path]:
+    return sorted((ws / ".cache" / "c1" / "out").glob("splice.*.msgpack"))
+
+
+def _append_rebuild(root: Path, damage: str | None) -> tuple[str, tuple[bytes, bytes]]:
+    """Admit, build, reopen, append a report and a reproduction, damage what
+    ``damage`` names, rebuild: the rebuild's stderr and outputs."""
+    ws = root / "ws"
+    source = standard_package(root / "src")
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert len(_splice_states(ws)) == 1
+    assert kit.doit("reopen", "case=c1", "by=human:alice", "reason=more", workspace=ws).returncode == 0
+    extra = kit.make_append(
+        root / "app",
+        files={
+            # a conflicting claim, an entity merged with an earlier one, a declaration
+            "original/report-c.json": kit.report(
+                "Third", observations=[{"text": "Off again", "claim": {"key": "switch.state", "value": "off"}}],
+                expected=[{"text": "It stays on", "claim": {"key": "switch.target", "value": "off"}}], complete=True,
+                entities=[{"type": "component", "id": 42, "roles": ["again"]}],
+            ),
+            "original/repro-2.json": kit.reproduction(steps=["Wait"], observations=[{"text": "Still off"}],
+                                                      facts=[{"name": "uptime", "value": 3.5}]),
+        },
+        index=kit.index(reports=["original/report-c.json"], reproductions=["original/repro-2.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    if damage == "no-state":
+        _splice_states(ws)[0].unlink()
+    elif damage == "state":
+        _splice_states(ws)[0].write_bytes(b"\x81\xa5units\x01")  # decodes, but is no state
+    elif damage == "cached-case":
+        cached = ws / ".cache" / "c1" / "out" / "case.json"
+        cached.write_bytes(cached.read_bytes().replace(b"Switch stays off", b"Switch stays of "))
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    return rebuilt.stderr, _revision_outputs(ws, 2)
+
+
+def test_an_append_rebuild_splices_the_previous_case_and_matches_a_whole_build(tmp_path):
+    """The append rebuild after a reopen assembles only the new inputs and
+    splices the previous build's records in front: byte for byte what
+    assembling the case whole gives. Without the carried state, with a
+    damaged one or with a cached output changed since, it assembles whole."""
+    runs = {damage: _append_rebuild(tmp_path / str(damage), damage) for damage in (None, "no-state", "state", "cached-case")}
+    for damage, (stderr, _) in runs.items():
+        spliced = "assemble: 2 new input(s) appended to the 3 of the previous build" in stderr
+        assert spliced == (damage is None), (damage, stderr)
+    outputs = {damage: run[1] for damage, run in runs.items()}
+    assert outputs[None] == outputs["no-state"] == outputs["state"] == outputs["cached-case"]
+    case = json.loads(outputs[None][0])
+    conflicts = case["data_quality"]["claim_conflicts"]
+    assert [(c["key"], len(c["values"])) for c in conflicts] == [("switch.state", 3), ("switch.target", 2)]
+    assert case["entities"][0]["roles"] == ["focus", "mentioned", "again"]
+    assert [r["id"] for r in case["reproduction"]["reproductions"]] == ["R0001", "R0002"]
+    assert case["expected_behavior"]["completeness"] == "conflicting"

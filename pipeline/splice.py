@@ -1,0 +1,158 @@
+"""An append rebuild's outputs, spliced from the previous build's bytes.
+
+After an append, a case differs from the previous build's in two ways only:
+its record lists (:data:`pipeline.assemble.APPENDED_LISTS`) gain the new
+documents' records at their ends, and the small parts derived across records
+(identity, entities, conflicts, completeness, research request, gaps, inputs)
+are derived again. :func:`pipeline.assemble.assemble` with ``carried`` makes
+a *part*: a whole, valid case whose record lists hold the new records only.
+Here the previous build's records are put in front of them, in the published
+bytes of both outputs, so the rebuild never decodes, checks, encodes or
+renders the records it already published. A property test holds the result
+to the case and summary built whole, byte for byte.
+
+The splices find lists and sections by their structure, which supplied text
+cannot imitate: in ``case.json`` (two-space indent, sorted keys) a raw newline
+occurs only between tokens, so a line with exactly ``n`` spaces of indent
+then ``]`` closes the one open array at that depth; in the summary every
+supplied string is escaped onto one line (:func:`pipeline.summary.escape_inline`),
+so a line that is a heading is one of the renderer's own. Anything not where
+it should be raises :class:`SpliceError`, and the build assembles whole.
+
+Pure: bytes in, bytes out.
+"""
+
+from __future__ import annotations
+
+from .assemble import APPENDED_LISTS
+from .summary import NONE_SUPPLIED
+
+__all__ = ["SpliceError", "splice_case", "splice_summary"]
+
+
+class SpliceError(ValueError):
+    """The bytes are not shaped as a build makes them: assemble whole instead."""
+
+
+# In the order they occur in a pretty case: its keys are sorted, at every depth.
+_IN_FILE_ORDER = tuple(sorted(APPENDED_LISTS))
+
+
+def _list_spans(data: bytes) -> list[tuple[int, int, int, int]]:
+    """Where each appended list of a pretty case sits, in file order:
+    ``(start, end, inner_start, inner_end)``; ``data[start:end]`` is the
+    array and ``data[inner_start:inner_end]`` its items (empty for ``[]``).
+    One pass: each search starts where the previous list ended."""
+    spans = []
+    cursor = 0
+    block = None
+    block_end = -1
+    for name, field in _IN_FILE_ORDER:
+        if name != block:
+            at = data.find(f'\n  "{name}": {{\n'.encode(), cursor)
+            if at < 0:
+                raise SpliceError(f"no block {name!r}")
+            block, cursor = name, at
+            block_end = data.find(b"\n  }", cursor)
+            if block_end < 0:
+                raise SpliceError(f"block {name!r} is not closed")
+        key = f'\n    "{field}": '.encode()
+        at = data.find(key, cursor, block_end)
+        if at < 0:
+            raise SpliceError(f"no list {name}/{field}")
+        start = at + len(key)
+        if data.startswith(b"[]", start):
+            spans.append((start, start + 2, start + 1, start + 1))
+        elif data.startswith(b"[\n", start):
+            close = data.find(b"\n    ]", start, block_end)
+            if close < 0:
+                raise SpliceError(f"{name}/{field} is not closed")
+            spans.append((start, close + 6, start + 2, close))
+        else:
+            raise SpliceError(f"{name}/{field} is not a list")
+        cursor = spans[-1][1]
+    return spans
+
+
+def splice_case(previous: bytes, part: bytes) -> bytes:
+    """``part`` (a pretty case assembled with ``carried``) with the records of
+    ``previous`` (the pretty case that state was carried from) in front of
+    its own, in every appended list."""
+    pieces = []
+    cursor = 0
+    for (start, end, inner_start, inner_end), (_, _, earlier_start, earlier_end) in zip(_list_spans(part), _list_spans(previous)):
+        earlier = previous[earlier_start:earlier_end]
+        pieces.append(part[cursor:start])
+        if not earlier:
+            pieces.append(part[start:end])
+        elif inner_start == inner_end:
+            pieces += [b"[\n", earlier, b"\n    ]"]
+        else:
+            pieces += [b"[\n", earlier, b",\n", part[inner_start:inner_end], b"\n    ]"]
+        cursor = end
+    pieces.append(part[cursor:])
+    return b"".join(pieces)
+
+
+_NONE = NONE_SUPPLIED.encode()
+
+# (heading line, what ends the block, how two blocks join): the summary's
+# blocks that list one appended list's records, one line or block each, in
+# the order the summary has them.
+_SUMMARY_BLOCKS: tuple[tuple[bytes, bytes, str], ...] = (
+    (b"### Titles", b"\n\n", "lines"),
+    (b"### Summaries", b"\n\n", "lines"),
+    (b"### Observations (supplied by testers)", b"\n\n", "lines"),
+    (b"### Comments (supplied by testers)", b"\n\n", "lines"),
+    (b"### Tester hypotheses (supplied by testers; hypotheses, not facts)", b"\n\n", "lines"),
+    (b"### Completeness declarations", b"\n\n", "table"),
+    (b"### Expected-behaviour statements", b"\n\n", "lines"),
+    (b"## Reproductions", b"\n\n## Entities\n\n", "blocks"),
+    (b"### Facts", b"\n\n", "table"),
+)
+
+
+def _block_spans(data: bytes) -> list[tuple[int, int]]:
+    """Where each of :data:`_SUMMARY_BLOCKS` sits, in order: ``(start, end)``."""
+    spans = []
+    cursor = 0
+    for heading, ends, _ in _SUMMARY_BLOCKS:
+        marker = b"\n\n" + heading + b"\n\n"
+        at = data.find(marker, cursor)
+        if at < 0:
+            raise SpliceError(f"no heading {heading!r}")
+        start = at + len(marker)
+        end = data.find(ends, start)
+        if end < 0:
+            raise SpliceError(f"{heading!r} does not end")
+        spans.append((start, end))
+        cursor = end
+    return spans
+
+
+def _joined(earlier: bytes, own: bytes, kind: str) -> bytes:
+    if earlier == _NONE:
+        return own
+    if own == _NONE:
+        return earlier
+    if kind == "lines":
+        return earlier + b"\n" + own
+    if kind == "blocks":
+        return earlier + b"\n\n" + own
+    # A table: the part's rows follow the earlier rows, under one header.
+    header_end = own.find(b"\n", own.find(b"\n") + 1)
+    if header_end < 0:
+        raise SpliceError("a table without rows")
+    return earlier + own[header_end:]
+
+
+def splice_summary(previous: bytes, part: bytes) -> bytes:
+    """The summary of the case :func:`splice_case` makes, from the summary
+    of ``previous`` and that of ``part`` (UTF-8 bytes both)."""
+    pieces = []
+    cursor = 0
+    for (start, end), (earlier_start, earlier_end), (_, _, kind) in zip(_block_spans(part), _block_spans(previous), _SUMMARY_BLOCKS):
+        pieces += [part[cursor:start], _joined(previous[earlier_start:earlier_end], part[start:end], kind)]
+        cursor = end
+    pieces.append(part[cursor:])
+    return b"".join(pieces)
