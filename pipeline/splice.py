@@ -43,6 +43,8 @@ def _list_spans(data: bytes) -> list[tuple[int, int, int, int]]:
     ``(start, end, inner_start, inner_end)``; ``data[start:end]`` is the
     array and ``data[inner_start:inner_end]`` its items (empty for ``[]``).
     One pass: each search starts where the previous list ended."""
+    if not (data.startswith(b"{\n") and data.endswith(b"\n}\n")):
+        raise SpliceError("not a whole pretty case")
     spans = []
     cursor = 0
     block = None
@@ -95,6 +97,7 @@ def splice_case(previous: bytes, part: bytes) -> bytes:
 
 
 _NONE = NONE_SUPPLIED.encode()
+_LAST_SECTION = b"\n\n## Input files\n\n"
 
 # (heading line, what ends the block, how two blocks join): the summary's
 # blocks that list one appended list's records, one line or block each, in
@@ -116,17 +119,22 @@ def _block_spans(data: bytes) -> list[tuple[int, int]]:
     """Where each of :data:`_SUMMARY_BLOCKS` sits, in order: ``(start, end)``."""
     spans = []
     cursor = 0
-    for heading, ends, _ in _SUMMARY_BLOCKS:
+    for heading, ends, kind in _SUMMARY_BLOCKS:
         marker = b"\n\n" + heading + b"\n\n"
         at = data.find(marker, cursor)
         if at < 0:
             raise SpliceError(f"no heading {heading!r}")
         start = at + len(marker)
         end = data.find(ends, start)
-        if end < 0:
+        if end <= start:  # a block is never empty: an empty list shows as "None supplied."
             raise SpliceError(f"{heading!r} does not end")
+        if kind == "blocks" and (data.find(b"\n\n#", start, end) >= 0 or data[end + len(ends) : end + len(ends) + 1] in (b"#", b"\n", b"")):
+            # A section of blocks holds no heading, and none follows its end marker.
+            raise SpliceError(f"{heading!r} is not followed as in a summary")
         spans.append((start, end))
         cursor = end
+    if data.find(_LAST_SECTION, cursor) < 0 or not data.endswith(b"\n"):
+        raise SpliceError("the summary does not end as a summary does")
     return spans
 
 
