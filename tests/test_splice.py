@@ -520,21 +520,14 @@ def _raises_or_is_right(call, expected):
     return "right"
 
 
-def test_a_truncated_previous_case_raises_or_is_still_exact(spliced_pair):
-    """Cut anywhere, the previous case.json either raises or (cut after its
-    last record list, which is all a splice takes of it) gives the exact case."""
+@pytest.mark.parametrize("output, splice", [(0, splice_case), (1, splice_summary)], ids=["case", "summary"])
+def test_a_truncated_previous_output_raises_or_is_still_exact(spliced_pair, output, splice):
+    """Cut anywhere, the previous case.json or summary either raises or (cut
+    after the last block a splice takes of it) gives the exact output."""
     previous, own, expected = spliced_pair
     seen = {"raised": 0, "right": 0}
-    for cut in range(len(previous[0])):
-        seen[_raises_or_is_right(lambda: splice_case(previous[0][:cut], own[0]), expected[0])] += 1
-    assert seen["raised"] > 0
-
-
-def test_a_truncated_previous_summary_raises_or_is_still_exact(spliced_pair):
-    previous, own, expected = spliced_pair
-    seen = {"raised": 0, "right": 0}
-    for cut in range(len(previous[1])):
-        seen[_raises_or_is_right(lambda: splice_summary(previous[1][:cut], own[1]), expected[1])] += 1
+    for cut in range(len(previous[output])):
+        seen[_raises_or_is_right(lambda: splice(previous[output][:cut], own[output]), expected[output])] += 1
     assert seen["raised"] > 0
 
 
