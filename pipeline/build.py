@@ -50,9 +50,11 @@ _HELD: dict[tuple[str, str], object] = {}
 # milliseconds. Matched by content, so a record changed in between is decoded.
 _ASSEMBLED: list[tuple[bytes, dict]] = []
 # What render needs of assemble to splice the summary and leave the state
-# for the next append rebuild: (case bytes, the part assembled or None when
-# assembled whole, the previous summary, the state carried on, the inputs).
-_SPLICING: list[tuple[bytes, dict | None, bytes | None, dict | None, list, list]] = []
+# for the next append rebuild, by case cache directory (one build of a case
+# at a time, under its lock; other cases may build in other threads): (case
+# bytes, the part assembled or None when assembled whole, the previous
+# summary, the state carried on, the inputs, the prior case's sources).
+_SPLICING: dict[str, tuple[bytes, dict | None, bytes | None, dict | None, list, list]] = {}
 # The outputs this process wrote to the cache, by path: (file version, bytes).
 # A later step of the same run takes the very bytes object instead of reading
 # megabytes back, as long as the file is still that version; publication then
@@ -454,7 +456,12 @@ def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -
 
 
 def _snapshot(
-    cache: BuildCache, plan: dict, carried: frozenset[str] = frozenset(), carried_refs: list[str] = (), prior_document: bool = True
+    cache: BuildCache,
+    plan: dict,
+    carried: frozenset[str] = frozenset(),
+    carried_refs: list[str] = (),
+    prior_document: bool = True,
+    reread=None,
 ) -> tuple[dict, bool]:
     """Gather the cached, verified inputs into the assembler's snapshot; also
     say whether it holds no float (then neither does the case it assembles).
@@ -463,7 +470,8 @@ def _snapshot(
     see :func:`_splice_start`) are not read: their entries say ``carried``,
     and ``carried_refs`` are the files their reproductions reference.
     Without ``prior_document`` the prior case is referenced but not read
-    (its ids then come from the carried state)."""
+    (its ids then come from the carried state). ``reread(doc)`` reads an
+    input again whose cached record is damaged (the cache is disposable)."""
     from .jsoncanon import float_free
 
     documents = {}
@@ -478,6 +486,11 @@ def _snapshot(
             record = cache.read_json_fast(record_path)
         except FileNotFoundError:
             raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"]) from None
+        except IntegrityError:
+            if reread is None:
+                raise
+            reread(doc)
+            record = cache.read_json_fast(record_path)
         if "rejected" in record:
             if not doc.get("lenient"):
                 problem = record["rejected"]
@@ -672,7 +685,7 @@ def step_assemble(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
-    _SPLICING.clear()
+    _SPLICING.pop(os.fspath(cache.root), None)
     if _reusing(cache):
         # A confirmed case is taken as published (after its contract check),
         # never re-assembled: a changed limit or builder detail must not turn
@@ -682,9 +695,9 @@ def step_assemble(workspace_root, case_id) -> None:
         _write_output(cache, cache.case_json, data)
         return
     start = _splice_start(cache, plan)
-    if start is not None and _assemble_spliced(cache, plan, *start):
+    if start is not None and _assemble_spliced(cache, plan, *start, reread=_rereader(workspace_root, case_id, plan)):
         return
-    snapshot, snapshot_float_free = _snapshot(cache, plan)
+    snapshot, snapshot_float_free = _snapshot(cache, plan, reread=_rereader(workspace_root, case_id, plan))
     case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
@@ -697,7 +710,26 @@ def step_assemble(workspace_root, case_id) -> None:
         floors, prior_sources = prior_numbering(snapshot["prior_case"]["document"])
         for ns, floor in floors.items():  # the prior's numbers count as used
             carried["next_floor"][ns] = max(floor, carried["next_floor"].get(ns, 0))
-    _SPLICING[:] = [(data, None, None, carried, _units(snapshot), prior_sources)]
+    _hand_to_render(cache, (data, None, None, carried, _units(snapshot), prior_sources))
+
+
+def _hand_to_render(cache: BuildCache, entry: tuple) -> None:
+    _SPLICING[os.fspath(cache.root)] = entry
+    while len(_SPLICING) > 4:  # builds whose render never ran (failed): drop the oldest
+        _SPLICING.pop(next(iter(_SPLICING)), None)
+
+
+def _rereader(workspace_root, case_id: str, plan: dict):
+    """Reads one planned input again, as its read_input task does, when its
+    cached record is damaged: doit does not rerun a task whose record exists."""
+
+    def reread(doc: dict) -> None:
+        step_read_input(
+            workspace_root, case_id, plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"],
+            CaseBuilderLimits(**plan["limits"]), inline_fact_value=plan["limits"]["inline_fact_value"],
+        )
+
+    return reread
 
 
 def _check_case_size(plan: dict, data: bytes) -> None:
@@ -738,7 +770,7 @@ def _splice_start(cache: BuildCache, plan: dict) -> tuple | None:
         if (
             state["case_id"] != plan["case_id"]
             or state["package_id"] != plan["package_id"]
-            or state["inline_fact_value"] != plan["limits"]["inline_fact_value"]
+            or state["limits"] != plan["limits"]
             or prior_sha256 not in (state["prior_sha256"], state["case_sha256"])
         ):
             return None
@@ -775,6 +807,7 @@ def _assemble_spliced(
     previous_summary: bytes,
     prior_sources: list[str],
     needs_prior: bool,
+    reread=None,
 ) -> bool:
     """Assemble only the documents after the carried ones and splice the
     previous case's records in front (:mod:`pipeline.splice`). False when the
@@ -785,7 +818,7 @@ def _assemble_spliced(
     from .splice import splice_case
 
     try:
-        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior)
+        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior, reread=reread)
         if snapshot["expected_research"]:
             return False
         part = assemble(snapshot, owned=True, carried=carried)
@@ -807,7 +840,7 @@ def _assemble_spliced(
     _check_case_size(plan, data)
     _write_output(cache, cache.case_json, data)
     _ASSEMBLED.clear()
-    _SPLICING[:] = [(data, part, previous_summary, following, _units(snapshot), prior_sources)]
+    _hand_to_render(cache, (data, part, previous_summary, following, _units(snapshot), prior_sources))
     added = len(snapshot["reports"]) + len(snapshot["reproductions"]) - len(carried_paths)
     _progress(f"assemble: {added} new input(s) appended to the {len(carried_paths)} of the previous build")
     return True
@@ -894,8 +927,9 @@ def step_render(workspace_root, case_id) -> None:
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
     case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])  # written by assemble, checked against case-v1
-    splicing = _SPLICING[0] if _SPLICING and (_SPLICING[0][0] is case_bytes or _SPLICING[0][0] == case_bytes) else None
-    _SPLICING.clear()
+    splicing = _SPLICING.pop(os.fspath(cache.root), None)
+    if splicing is not None and splicing[0] is not case_bytes and splicing[0] != case_bytes:
+        splicing = None  # the cached case changed since assemble wrote it
     data = None
     if splicing is not None and splicing[1] is not None:
         from .splice import SpliceError, splice_summary
@@ -930,7 +964,8 @@ def _leave_splice_state(cache: BuildCache, plan: dict, case_bytes: bytes, summar
     carried = splicing[3] if splicing is not None else None
     try:
         if carried is None:
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             return
         prior = plan["prior_case"]
         cache.write_msgpack(
@@ -938,7 +973,7 @@ def _leave_splice_state(cache: BuildCache, plan: dict, case_bytes: bytes, summar
             {
                 "case_id": plan["case_id"],
                 "package_id": plan["package_id"],
-                "inline_fact_value": plan["limits"]["inline_fact_value"],
+                "limits": plan["limits"],
                 "prior_sha256": prior["sha256"] if prior is not None else None,
                 "case_sha256": sha256_hex(case_bytes),
                 "summary_sha256": sha256_hex(summary_bytes),
@@ -949,7 +984,8 @@ def _leave_splice_state(cache: BuildCache, plan: dict, case_bytes: bytes, summar
         )
         cache.remove_other_versions(path)
     except (OSError, TypeError, ValueError, OverflowError):
-        path.unlink(missing_ok=True)  # only a head start for the next rebuild
+        with contextlib.suppress(OSError):  # only a head start for the next rebuild
+            path.unlink(missing_ok=True)
 
 
 def _read_line_memo(cache: BuildCache) -> dict[bytes, str]:

@@ -252,6 +252,8 @@ class BuildCache:
             return decode(data)
         except ValueError as error:  # msgspec.DecodeError is a ValueError too
             raise IntegrityError("INTEGRITY_ERROR", f"corrupt cache record: {error}", path=path.name) from None
+        except RecursionError:  # nesting deeper than a decoder follows: damaged too
+            raise IntegrityError("INTEGRITY_ERROR", "corrupt cache record: nested too deeply", path=path.name) from None
 
 
 class ParsedManifests:
