@@ -83,9 +83,13 @@ def _reference_problem(ref: str) -> str | None:
         return "backslash in reference"
     if _DRIVE_RE.match(ref):
         return "drive letter in reference"
-    for ch in ref:
-        if ch in _BIDI or unicodedata.category(ch) in _UNSAFE_CATEGORIES:
-            return f"control, bidi or surrogate character U+{ord(ch):04X} in reference"
+    # An ASCII name is unsafe here only for a control character, which is
+    # exactly what makes ASCII text unprintable: one C-level test instead of
+    # a table lookup per character (every build checks hundreds of paths).
+    if not (ref.isascii() and ref.isprintable()):
+        for ch in ref:
+            if ch in _BIDI or unicodedata.category(ch) in _UNSAFE_CATEGORIES:
+                return f"control, bidi or surrogate character U+{ord(ch):04X} in reference"
     if len(ref.encode("utf-8")) > _MAX_REFERENCE_BYTES:
         return "reference too long"
     for part in ref.split("/"):

@@ -429,3 +429,20 @@ def test_lock_uses_flock_not_record_locks(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_ascii_shortcut_of_the_reference_check_is_the_character_table():
+    """For ASCII names the check skips the Unicode table: the shortcut must
+    refuse exactly the characters the table refuses, one at a time and
+    inside a name."""
+    import unicodedata
+
+    from pipeline import workspace
+
+    for code in range(128):
+        ch = chr(code)
+        unsafe = ch in workspace._BIDI or unicodedata.category(ch) in workspace._UNSAFE_CATEGORIES
+        problem = workspace._reference_problem(f"a/b{ch}c")
+        if ch in "/\\":
+            continue  # refused (or split) by their own rules
+        assert (problem is not None and problem.startswith("control")) == unsafe, repr(ch)
