@@ -206,7 +206,9 @@ class _ZipSource(_Source):
         return self.archive.iter_entry(self._entries[relpath])
 
     def close(self) -> None:
-        os.close(self.fd)
+        fd, self.fd = self.fd, None  # forgotten first, as in _DirSource._drop_parent
+        if fd is not None:
+            os.close(fd)
 
 
 class _DirSource(_Source):
@@ -293,9 +295,12 @@ class _DirSource(_Source):
         return fd
 
     def _drop_parent(self) -> None:
-        if self._parent is not None:
-            os.close(self._parent[1])
-            self._parent = None
+        # Forget the descriptor before closing it: a Ctrl-C between the two
+        # then leaks it at worst, where the other order could close it twice
+        # (the second time, whatever file reused the number).
+        parent, self._parent = self._parent, None
+        if parent is not None:
+            os.close(parent[1])
 
     def _open_file(self, relpath: str) -> int:
         parent, _, name = relpath.rpartition("/")
@@ -374,7 +379,9 @@ class _DirSource(_Source):
 
     def close(self) -> None:
         self._drop_parent()
-        os.close(self.fd)
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _vanished(exc: OSError, relpath: str) -> AdmissionError:
@@ -884,13 +891,13 @@ class _Staging:
 
     def _release_owner(self) -> None:
         """Unlink the owner file, then let go of its lock (the tree is gone or never was)."""
-        if self._owner_fd is not None:
+        fd, self._owner_fd = self._owner_fd, None  # forgotten first, as in _DirSource._drop_parent
+        if fd is not None:
             try:
                 os.unlink(self._owner_path)
             except OSError:
                 pass
-            os.close(self._owner_fd)
-            self._owner_fd = None
+            os.close(fd)
 
     def makedirs(self, directory: Path) -> None:
         missing = []

@@ -771,3 +771,37 @@ def test_admissions_racing_a_cleaner_that_sees_no_live_pid_all_succeed(tmp_path)
             assert (case / "packages" / "p" / "content" / path).is_file()
     staging = ws / ".staging"
     assert not staging.exists() or not list(staging.iterdir())  # nothing left behind
+
+
+def test_an_interrupted_close_never_closes_a_reused_descriptor_number(tmp_path, monkeypatch):
+    """Ctrl-C landing just after a source's cached directory descriptor is
+    closed must not leave it recorded: the cleanup that follows would close
+    the number again, by then another open file's. Sources forget a
+    descriptor before closing it."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.txt").write_text("a")
+    source = intake._DirSource(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY), intake.ZipLimits(), "src")
+    parent_fd = source._parent_fd("sub")
+    real_close = os.close
+
+    def close_then_interrupt(fd):
+        real_close(fd)
+        if fd == parent_fd:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "close", close_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        source._drop_parent()
+    monkeypatch.setattr(os, "close", real_close)
+    held = []  # open files until one gets the number just closed (the lowest free ones first)
+    try:
+        while not held or held[-1] != parent_fd:
+            assert len(held) < 256
+            held.append(os.open(tmp_path / "sub" / "a.txt", os.O_RDONLY))
+        source.close()  # the cleanup after the interrupt
+        for fd in held:
+            os.fstat(fd)  # all still open: the cleanup closed none of them
+        source.close()  # and closing twice is harmless
+    finally:
+        for fd in held:
+            real_close(fd)
