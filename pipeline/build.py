@@ -254,8 +254,13 @@ def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = Fals
             # The view stands for these published bytes: they are still
             # checked, so a damaged prior case is found here as without a view.
             package.verify_file(ref["path"], manifest=manifest)
-            view = cache.read_json_fast(record)
+            try:
+                view = cache.read_json_fast(record)
+            except IntegrityError:  # a damaged view: derived again below, like a missing one
+                view = None
         else:
+            view = None
+        if view is None:
             view = _prior_view_from(package.read_verified(ref["path"], limit, manifest=manifest), ref["path"])
             if record is not None:
                 cache.write_json_fast(record, view)
@@ -459,9 +464,10 @@ def _snapshot(
     cache: BuildCache,
     plan: dict,
     carried: frozenset[str] = frozenset(),
-    carried_refs: list[str] = (),
+    carried_refs: tuple[str, ...] | list[str] = (),
     prior_document: bool = True,
     reread=None,
+    reread_prior=None,
 ) -> tuple[dict, bool]:
     """Gather the cached, verified inputs into the assembler's snapshot; also
     say whether it holds no float (then neither does the case it assembles).
@@ -471,7 +477,8 @@ def _snapshot(
     and ``carried_refs`` are the files their reproductions reference.
     Without ``prior_document`` the prior case is referenced but not read
     (its ids then come from the carried state). ``reread(doc)`` reads an
-    input again whose cached record is damaged (the cache is disposable)."""
+    input again whose cached record is damaged, ``reread_prior()`` the prior
+    case's view (the cache is disposable)."""
     from .jsoncanon import float_free
 
     documents = {}
@@ -580,7 +587,13 @@ def _snapshot(
         view = cache.prior_view(plan["prior_case"]["path"], plan["prior_case"]["sha256"])
         if not view.exists():
             raise CaseBuildError("INTEGRITY_ERROR", "the prior case was not read", path=plan["prior_case"]["path"])
-        prior = {**plan["prior_case"], "document": cache.read_json_fast(view)}
+        try:
+            document = cache.read_json_fast(view)
+        except IntegrityError:
+            if reread_prior is None:
+                raise
+            document = reread_prior()
+        prior = {**plan["prior_case"], "document": document}
 
     snapshot = {
         "manifest": {
@@ -695,9 +708,10 @@ def step_assemble(workspace_root, case_id) -> None:
         _write_output(cache, cache.case_json, data)
         return
     start = _splice_start(cache, plan)
-    if start is not None and _assemble_spliced(cache, plan, *start, reread=_rereader(workspace_root, case_id, plan)):
+    reread, reread_prior = _rereader(workspace_root, case_id, plan), _prior_rereader(workspace_root, case_id, plan)
+    if start is not None and _assemble_spliced(cache, plan, *start, reread=reread, reread_prior=reread_prior):
         return
-    snapshot, snapshot_float_free = _snapshot(cache, plan, reread=_rereader(workspace_root, case_id, plan))
+    snapshot, snapshot_float_free = _snapshot(cache, plan, reread=reread, reread_prior=reread_prior)
     case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
@@ -715,8 +729,11 @@ def step_assemble(workspace_root, case_id) -> None:
 
 def _hand_to_render(cache: BuildCache, entry: tuple) -> None:
     _SPLICING[os.fspath(cache.root)] = entry
-    while len(_SPLICING) > 4:  # builds whose render never ran (failed): drop the oldest
-        _SPLICING.pop(next(iter(_SPLICING)), None)
+    # Bounded: a render that never comes (a failed build) leaves its entry.
+    # Dropping one a render still wants only makes that render whole. A list
+    # first: other threads may change the dict meanwhile.
+    for stale in list(_SPLICING)[:-4]:
+        _SPLICING.pop(stale, None)
 
 
 def _rereader(workspace_root, case_id: str, plan: dict):
@@ -730,6 +747,24 @@ def _rereader(workspace_root, case_id: str, plan: dict):
         )
 
     return reread
+
+
+def _prior_rereader(workspace_root, case_id: str, plan: dict):
+    """Derives the prior case's view again from its verified bytes, and
+    leaves it in the cache, when the cached one is damaged."""
+
+    def reread_prior() -> dict:
+        prior = plan["prior_case"]
+        ws = _workspace(workspace_root)
+        data = _package(ws, case_id, plan["package_id"]).read_verified(prior["path"], max(plan["limits"]["case_bytes"], prior["size"]))
+        if sha256_hex(data) != prior["sha256"]:
+            raise CaseBuildError("INTEGRITY_ERROR", "the prior case is not the one planned", path=prior["path"])
+        view = _prior_view_from(data, prior["path"])
+        cache = _cache(ws, case_id)
+        cache.write_json_fast(cache.prior_view(prior["path"], prior["sha256"]), view)
+        return view
+
+    return reread_prior
 
 
 def _check_case_size(plan: dict, data: bytes) -> None:
@@ -807,7 +842,8 @@ def _assemble_spliced(
     previous_summary: bytes,
     prior_sources: list[str],
     needs_prior: bool,
-    reread=None,
+    reread,
+    reread_prior,
 ) -> bool:
     """Assemble only the documents after the carried ones and splice the
     previous case's records in front (:mod:`pipeline.splice`). False when the
@@ -818,9 +854,7 @@ def _assemble_spliced(
     from .splice import splice_case
 
     try:
-        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior, reread=reread)
-        if snapshot["expected_research"]:
-            return False
+        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior, reread=reread, reread_prior=reread_prior)
         part = assemble(snapshot, owned=True, carried=carried)
         part_bytes = pretty_bytes(part)
         data = splice_case(previous_case, part_bytes)
@@ -982,10 +1016,12 @@ def _leave_splice_state(cache: BuildCache, plan: dict, case_bytes: bytes, summar
                 "carried": carried,
             },
         )
-        cache.remove_other_versions(path)
     except (OSError, TypeError, ValueError, OverflowError):
         with contextlib.suppress(OSError):  # only a head start for the next rebuild
             path.unlink(missing_ok=True)
+        return
+    with contextlib.suppress(OSError):  # states of other builder code: never read again
+        cache.remove_other_versions(path)
 
 
 def _read_line_memo(cache: BuildCache) -> dict[bytes, str]:

@@ -62,6 +62,8 @@ def _list_spans(data: bytes) -> list[tuple[int, int, int, int]]:
         at = data.find(key, cursor, block_end)
         if at < 0:
             raise SpliceError(f"no list {name}/{field}")
+        if data.find(key, at + len(key), block_end) >= 0:
+            raise SpliceError(f"{name}/{field} twice")  # keys are unique in a build's case
         start = at + len(key)
         if data.startswith(b"[]", start):
             spans.append((start, start + 2, start + 1, start + 1))

@@ -705,3 +705,17 @@ def test_the_carried_state_is_small_and_plain():
     assert state["declarations"] == case1["expected_behavior"]["declarations"]
     assert state["entities"] == case1["entities"]
     canonical_bytes(state)  # JSON-encodable as it is
+
+
+@pytest.mark.parametrize("which", ["previous", "part"])
+def test_a_case_with_a_list_key_twice_raises(spliced_pair, which):
+    """A build's case holds each key once per object; bytes with a second
+    ``titles`` in ``bug`` are not a build's, and must not be spliced."""
+    previous, own, expected = spliced_pair
+    key = b'\n    "titles": '
+    doubled = {name: data[: data.index(key)] + b'\n    "titles": [],' + data[data.index(key):] for name, data in (("previous", previous[0]), ("part", own[0]))}
+    with pytest.raises(SpliceError):
+        if which == "previous":
+            splice_case(doubled["previous"], own[0])
+        else:
+            splice_case(previous[0], doubled["part"])

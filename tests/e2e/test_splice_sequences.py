@@ -544,3 +544,53 @@ def test_a_corrupt_cached_input_record_is_read_again_with_or_without_the_state(t
             record.write_bytes(record.read_bytes()[:-10])
 
     twins.run("build", "case=c1", damage=corrupt_report_records, damage_both=True)
+
+
+def test_a_damaged_prior_case_view_is_derived_again_with_or_without_the_state(tmp_path):
+    """The splice seldom reads the prior case's view; the whole assembly and
+    planning always do. A view that no longer decodes (the plan reused from
+    an earlier validate_index) is derived again from the verified prior case
+    instead of failing every later build: both succeed, with the same bytes."""
+    twins = Twins(tmp_path)
+    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
+    twins.run("build", "case=c1", splice=False)
+    _reopen(twins)
+    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
+                                          index=kit.index(reproductions=["original/r2.json"])))
+    twins.run("validate_index", "case=c1")
+
+    def damage_views(ws):
+        views = sorted((ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"))
+        assert views
+        for view in views:
+            view.write_bytes(view.read_bytes()[:-10])
+
+    twins.run("build", "case=c1", damage=damage_views, damage_both=True)
+    # B assembled whole, reading the view: derived again and left whole. (A
+    # spliced without needing it; a later reader derives it the same way.)
+    for view in (twins.ws["B"] / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
+        json.loads(view.read_bytes())
+
+
+def test_planning_derives_a_damaged_prior_case_view_again(tmp_path):
+    """The view `doit reopen` leaves, damaged before the next build plans:
+    planning derives it again from the verified prior case (as for a missing
+    one) instead of failing with INTEGRITY_ERROR on every build."""
+    twins = Twins(tmp_path)
+    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
+    twins.run("build", "case=c1", splice=False)
+    _reopen(twins)
+
+    def damage_views(ws):
+        views = sorted((ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"))
+        assert views
+        for view in views:
+            view.write_bytes(b"{" * 3)
+
+    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
+                                          index=kit.index(reproductions=["original/r2.json"])),
+              damage=damage_views, damage_both=True)
+    twins.run("build", "case=c1")
+    for ws in twins.ws.values():
+        for view in (ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
+            json.loads(view.read_bytes())  # planning left it whole again
