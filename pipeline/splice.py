@@ -42,40 +42,56 @@ def _list_spans(data: bytes) -> list[tuple[int, int, int, int]]:
     """Where each appended list of a pretty case sits, in file order:
     ``(start, end, inner_start, inner_end)``; ``data[start:end]`` is the
     array and ``data[inner_start:inner_end]`` its items (empty for ``[]``).
-    One pass: each search starts where the previous list ended."""
+    One pass: each search starts where the previous list ended, and none
+    scans a list's items but for the rare ``]`` (:func:`_closing_bracket`)."""
     if not (data.startswith(b"{\n") and data.endswith(b"\n}\n")):
         raise SpliceError("not a whole pretty case")
     spans = []
     cursor = 0
     block = None
-    block_end = -1
     for name, field in _IN_FILE_ORDER:
         if name != block:
-            at = data.find(f'\n  "{name}": {{\n'.encode(), cursor)
+            opened = f'\n  "{name}": {{\n'.encode()
+            at = data.find(opened, cursor)
             if at < 0:
                 raise SpliceError(f"no block {name!r}")
-            block, cursor = name, at
-            block_end = data.find(b"\n  }", cursor)
-            if block_end < 0:
-                raise SpliceError(f"block {name!r} is not closed")
+            block, cursor = name, at + len(opened) - 1
         key = f'\n    "{field}": '.encode()
-        at = data.find(key, cursor, block_end)
-        if at < 0:
+        at = data.find(key, cursor)
+        # Found past the block's end (the line "  }"), it is another block's key.
+        if at < 0 or data.find(b"\n  }", cursor, at) >= 0:
             raise SpliceError(f"no list {name}/{field}")
-        if data.find(key, at + len(key), block_end) >= 0:
-            raise SpliceError(f"{name}/{field} twice")  # keys are unique in a build's case
         start = at + len(key)
         if data.startswith(b"[]", start):
             spans.append((start, start + 2, start + 1, start + 1))
         elif data.startswith(b"[\n", start):
-            close = data.find(b"\n    ]", start, block_end)
-            if close < 0:
-                raise SpliceError(f"{name}/{field} is not closed")
+            close = _closing_bracket(data, start, len(data))
             spans.append((start, close + 6, start + 2, close))
         else:
             raise SpliceError(f"{name}/{field} is not a list")
         cursor = spans[-1][1]
+        # Keys are unique and sorted in a build's case: what follows the list
+        # is the block's end or a later key, never the same one again.
+        if not data.startswith(b"\n  }", cursor):
+            following = data[cursor : cursor + 7 + 128]  # ',\n    "' and the next key (case keys are short)
+            if not following.startswith(b',\n    "') or following[7:].split(b'"', 1)[0] <= field.encode():
+                raise SpliceError(f"{name}/{field} is not followed by a later key")
     return spans
+
+
+def _closing_bracket(data: bytes, start: int, end: int) -> int:
+    """Where the line ``    ]`` that closes an indent-4 array begins (at its
+    newline). A single-byte search runs at memory speed and ``]`` is rare in
+    a case; a search for the whole line would step through every indented
+    line of a megabyte-long list."""
+    at = start
+    while True:
+        at = data.find(b"]", at, end)
+        if at < 0:
+            raise SpliceError("a list is not closed")
+        if data[at - 5 : at] == b"\n    ":
+            return at - 5
+        at += 1
 
 
 def splice_case(previous: bytes, part: bytes) -> bytes:
