@@ -27,6 +27,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.jsoncanon import canonical_bytes, canonical_hash
 from tests.conftest import REPO, doit_env
 from tests.e2e import kit
 from tests.e2e.test_build import standard_package
@@ -167,6 +168,25 @@ def _append(root: Path, name: str, *, files: dict, index: dict) -> str:
 
 def _reopen(twins: Twins, why: str = "more") -> None:
     twins.run("reopen", "case=c1", "by=human:alice", f"reason={why}")
+
+
+def _damage_views(ws: Path, damaged) -> None:
+    """Replace every cached prior-case view's bytes with ``damaged(bytes)``."""
+    views = sorted((ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"))
+    assert views
+    for view in views:
+        view.write_bytes(damaged(view.read_bytes()))
+
+
+def _one_reproduction_appended_after_a_reopen(tmp_path: Path) -> Twins:
+    """The standard package admitted and built, reopened, one reproduction appended."""
+    twins = Twins(tmp_path)
+    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
+    twins.run("build", "case=c1", splice=False)
+    _reopen(twins)
+    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
+                                          index=kit.index(reproductions=["original/r2.json"])))
+    return twins
 
 
 # ---------------------------------------------------------------- sequences
@@ -362,16 +382,14 @@ def test_research_results_are_never_spliced(tmp_path):
     """A research result numbers its statements after every tester
     statement: the build with one, and every later build inheriting it, is
     assembled whole."""
-    import hashlib
-
     twins = Twins(tmp_path)
     source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T", expected=[{"text": "e"}])},
                               index=kit.index(reports=["original/r.json"]))
     twins.run("admit", "case=c1", f"source={source}")
     twins.run("build", "case=c1", splice=False)
     request = twins.case(1)["research"]["request"]
-    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    request_hash = hashlib.sha256(canonical).hexdigest()
+    canonical = canonical_bytes(request)  # stored as its canonical bytes, whose sha256 is the request hash
+    request_hash = canonical_hash(request)
     folder = f"research/{request_hash}"
     result = {
         "format": "viano-research-result", "format_version": 1, "provider": {"name": "t", "version": "1"},
@@ -491,12 +509,7 @@ def test_a_deeply_nested_state_file_falls_back_instead_of_crashing(tmp_path):
     RecursionError: a cache record nested too deeply is a damaged record
     (INTEGRITY_ERROR inside the cache), and the build assembles whole
     instead of ending in a traceback on every build of the case."""
-    twins = Twins(tmp_path)
-    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
-    twins.run("build", "case=c1", splice=False)
-    _reopen(twins)
-    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
-                                          index=kit.index(reproductions=["original/r2.json"])))
+    twins = _one_reproduction_appended_after_a_reopen(tmp_path)
 
     def nest(ws):
         [state] = _states(ws)
@@ -509,12 +522,7 @@ def test_a_directory_in_place_of_the_state_file_does_not_fail_the_build(tmp_path
     """The state is only a head start: when it can be neither written nor
     removed (a directory in its place), the build still succeeds, as it does
     when the memos beside it cannot be written."""
-    twins = Twins(tmp_path)
-    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
-    twins.run("build", "case=c1", splice=False)
-    _reopen(twins)
-    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
-                                          index=kit.index(reproductions=["original/r2.json"])))
+    twins = _one_reproduction_appended_after_a_reopen(tmp_path)
 
     def directory(ws):
         [state] = _states(ws)
@@ -530,12 +538,7 @@ def test_a_corrupt_cached_input_record_is_read_again_with_or_without_the_state(t
     assembly reads every one, and one that no longer decodes (doit does not
     rerun a read_input whose record exists) is read again from its verified
     input instead of failing the build: both succeed, with the same bytes."""
-    twins = Twins(tmp_path)
-    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
-    twins.run("build", "case=c1", splice=False)
-    _reopen(twins)
-    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
-                                          index=kit.index(reproductions=["original/r2.json"])))
+    twins = _one_reproduction_appended_after_a_reopen(tmp_path)
 
     def corrupt_report_records(ws):
         records = sorted((ws / ".cache" / "c1" / "documents").rglob("*.bug-report.*.json"))
@@ -551,21 +554,10 @@ def test_a_damaged_prior_case_view_is_derived_again_with_or_without_the_state(tm
     planning always do. A view that no longer decodes (the plan reused from
     an earlier validate_index) is derived again from the verified prior case
     instead of failing every later build: both succeed, with the same bytes."""
-    twins = Twins(tmp_path)
-    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
-    twins.run("build", "case=c1", splice=False)
-    _reopen(twins)
-    twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
-                                          index=kit.index(reproductions=["original/r2.json"])))
+    twins = _one_reproduction_appended_after_a_reopen(tmp_path)
     twins.run("validate_index", "case=c1")
 
-    def damage_views(ws):
-        views = sorted((ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"))
-        assert views
-        for view in views:
-            view.write_bytes(view.read_bytes()[:-10])
-
-    twins.run("build", "case=c1", damage=damage_views, damage_both=True)
+    twins.run("build", "case=c1", damage=lambda ws: _damage_views(ws, lambda data: data[:-10]), damage_both=True)
     # B assembled whole, reading the view: derived again and left whole. (A
     # spliced without needing it; a later reader derives it the same way.)
     for view in (twins.ws["B"] / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
@@ -581,15 +573,9 @@ def test_planning_derives_a_damaged_prior_case_view_again(tmp_path):
     twins.run("build", "case=c1", splice=False)
     _reopen(twins)
 
-    def damage_views(ws):
-        views = sorted((ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"))
-        assert views
-        for view in views:
-            view.write_bytes(b"{" * 3)
-
     twins.run("append", "case=c1", _append(tmp_path, "r", files={"original/r2.json": kit.reproduction(steps=["s"])},
                                           index=kit.index(reproductions=["original/r2.json"])),
-              damage=damage_views, damage_both=True)
+              damage=lambda ws: _damage_views(ws, lambda data: b"{" * 3), damage_both=True)
     twins.run("build", "case=c1")
     for ws in twins.ws.values():
         for view in (ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
