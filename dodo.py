@@ -16,7 +16,7 @@ from doit import create_after, get_var
 from doit.tools import config_changed
 
 from pipeline import BUILDER_VERSION
-from pipeline.build import publish_is_current
+from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case
 from pipeline.cache import BuildCache
 from pipeline.doitcli import code_version, doit_config, guarded
 from pipeline.errors import VianoError
@@ -156,15 +156,18 @@ def task_read_input():
     root, case_id, cache = context
     plan = _plan(cache)
     inline = plan["limits"]["inline_fact_value"]
+    reusing = reuses_confirmed_case(cache)
     for doc in plan["documents"]:
-        # The target's name encodes content, path, contract and builder code:
-        # it exists exactly when this input was read by this builder.
+        # The target's name encodes content, path, contract, builder code and
+        # whether the document is over its size bound: it exists exactly when
+        # this input was read by this builder under the same bound.
+        over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         yield {
             "name": doc["path"],
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
                                    doc["path"], doc["sha256"], doc["size"], doc["contract"]],
                          {"inline_fact_value": inline})],
-            "targets": [str(cache.input_record(doc["path"], doc["sha256"], doc["contract"], inline))],
+            "targets": [str(cache.input_record(doc["path"], doc["sha256"], doc["contract"], inline, over))],
             "uptodate": [True],
         }
 

@@ -425,7 +425,8 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     ws = _workspace(workspace_root)
     package = _package(ws, case_id, package_id)
     cache = _cache(ws, case_id)
-    bound = max(size, limits.document_bytes) if _reusing(cache) else limits.document_bytes
+    reusing = reuses_confirmed_case(cache)
+    bound = max(size, limits.document_bytes) if reusing else limits.document_bytes
     # Integrity first, always strict: bytes that differ from the manifest are
     # never a "bad document" to drop, they are a damaged package.
     data = package.read_verified(path, max(bound, size), manifest=_planned(path, sha256, size))
@@ -446,7 +447,14 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
         # raises this very error there. The record is a pure function of the
         # bytes, so caching the refusal is as sound as caching the document.
         record = {"rejected": error.to_dict()}
-    cache.write_json(cache.input_record(path, sha256, contract, inline), record)
+    cache.write_json(cache.input_record(path, sha256, contract, inline, over_read_bound(size, limits.document_bytes, reusing)), record)
+
+
+def over_read_bound(size: int, document_bytes: int, reusing: bool) -> bool:
+    """Whether read_input refuses a document of ``size`` for its size alone:
+    over the document limit, unless a confirmed case is being reused (which
+    reads the very bytes it was built from, whatever the limit is now)."""
+    return not reusing and size > document_bytes
 
 
 def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -> None:
@@ -488,7 +496,9 @@ def _snapshot(
         if doc["path"] in carried:
             documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, "carried": True}
             continue
-        record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
+        # Assembly never runs for a reused case: its bound is the document limit.
+        over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], False)
+        record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
         try:
             record = cache.read_json_fast(record_path)
         except FileNotFoundError:
@@ -699,7 +709,7 @@ def step_assemble(workspace_root, case_id) -> None:
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     _SPLICING.pop(os.fspath(cache.root), None)
-    if _reusing(cache):
+    if reuses_confirmed_case(cache):
         # A confirmed case is taken as published (after its contract check),
         # never re-assembled: a changed limit or builder detail must not turn
         # a reuse into a different document.
@@ -880,7 +890,8 @@ def _assemble_spliced(
     return True
 
 
-def _reusing(cache: BuildCache) -> bool:
+def reuses_confirmed_case(cache: BuildCache) -> bool:
+    """Whether this build takes the revision's confirmed case as published (validate_index decides)."""
     try:
         return bool(cache.read_json(cache.store_state).get("reuse"))
     except (OSError, VianoError):
@@ -957,7 +968,7 @@ def step_render(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     cache = _cache(ws, case_id)
     plan = cache.read_json(cache.plan)
-    if _reusing(cache):
+    if reuses_confirmed_case(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
     case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])  # written by assemble, checked against case-v1

@@ -55,13 +55,17 @@ class BuildCache:
         """Where planning leaves a prior case's view (:mod:`pipeline.prior`)."""
         return Path(f"{self._documents}/{sha256}.case-view.{_path_key(path)}.json")
 
-    def input_record(self, path: str, sha256: str, contract: str, inline_fact_value: int) -> Path:
+    def input_record(self, path: str, sha256: str, contract: str, inline_fact_value: int, over_limit: bool = False) -> Path:
         """Where ``read_input`` leaves one structured input: the parsed document,
         or for reports and reproductions their fragment (see
         :func:`pipeline.assemble.document_fragment`), which measures fact values
-        against the inline limit, so the limit is part of the name too."""
+        against the inline limit, so the limit is part of the name too. A
+        document read over its size bound (:func:`pipeline.build.over_read_bound`)
+        is only a refusal: its record is kept apart from the one read within it,
+        so a lowered limit never leaves a refusal for a later build to reuse."""
         # One Path built from a string: doit's creators ask for 256 of these per run.
-        return Path(f"{self._documents}/{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}.json")
+        over = ".over" if over_limit else ""
+        return Path(f"{self._documents}/{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}{over}.json")
 
     @functools.cached_property
     def _documents(self) -> str:

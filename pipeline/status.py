@@ -48,8 +48,12 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
     cache = BuildCache(ws.cache_dir(case_id))
+    from .build import over_read_bound, reuses_confirmed_case
+
+    reusing = reuses_confirmed_case(cache)
     for doc in plan["documents"]:
-        record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"])
+        over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
+        record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
         rows.append((f"read_input:{doc['path']}", _read_input_outlook(cache, record, doc)))
     for ref in plan["opaque"]:
         cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()

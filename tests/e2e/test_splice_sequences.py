@@ -580,3 +580,25 @@ def test_planning_derives_a_damaged_prior_case_view_again(tmp_path):
     for ws in twins.ws.values():
         for view in (ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
             json.loads(view.read_bytes())  # planning left it whole again
+
+
+def test_a_refusal_read_under_a_lowered_limit_is_not_reused_under_the_default(tmp_path):
+    """A document an API build refused for its size under a lowered
+    ``document_bytes`` is read again by a later `doit build` under the
+    default limit, exactly as with an empty cache (found by the second
+    review: records were named without the size bound, so the refusal was
+    reused and the document dropped). A: the cache deleted first; B: the
+    cache as the API build left it."""
+    twins = Twins(tmp_path)
+    files = {"original/a.json": kit.report("A", observations=[{"text": "a"}]),
+             "original/b.json": kit.report("Big", observations=[{"text": "x" * 3000}])}
+    source = kit.make_package(tmp_path / "src", files=files, index=kit.index(reports=["original/a.json", "original/b.json"]))
+    twins.run("admit", "case=c1", f"source={source}")
+    bad = kit.reproduction(steps=["x"], observations=[{"text": "x", "bogus": 1}])
+    twins.run("append", "case=c1", _append(tmp_path, "bad", files={"original/bad.json": bad},
+                                          index=kit.index(reproductions=["original/bad.json"])))
+    twins.run(api=2000, ok=False)  # bad.json fails the contract; b.json is over the 2000-byte limit
+    twins.run("append", "case=c1", _append(tmp_path, "ok", files={"original/ok.json": kit.reproduction(steps=["y"])},
+                                          index=kit.index(reproductions=["original/ok.json"])))
+    twins.run("build", "case=c1", damage=lambda ws: shutil.rmtree(ws / ".cache"))
+    assert "Big" in [t["text"] for t in twins.case(1)["bug"]["titles"]]
