@@ -2,8 +2,9 @@
 
 Decoding a case with :data:`CASE_DECODER` gives typed, immutable access to it
 and refuses unknown fields exactly as the schema's ``additionalProperties:
-false`` does. The JSON Schema stays the contract of record (it also checks
-``date-time`` formats); a parity test keeps the two in step. Optional fields
+false`` does. The JSON Schema stays the contract of record; a parity test
+keeps the two in step. ``date-time`` fields are checked in ``__post_init__``
+with the input Structs' test (:func:`contracts.date_time.is_date_time`). Optional fields
 default to ``msgspec.UNSET`` so re-encoding omits them rather than writing
 ``null``: a fact's ``value`` may legitimately be ``null``, which is not the
 same as an absent value that is replaced by ``value_ref``.
@@ -17,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
+
+from contracts.date_time import is_date_time
 
 __all__ = [
     "CASE_FORMAT",
@@ -139,6 +142,10 @@ class _Statement(Base, kw_only=True):
     observed_at: str | UnsetType = UNSET
     claim: Claim | UnsetType = UNSET
 
+    def __post_init__(self) -> None:
+        if self.observed_at is not UNSET and not is_date_time(self.observed_at):
+            raise ValueError("observed_at is not a timezone-aware RFC 3339 date-time")
+
 
 class Observation(_Statement, kw_only=True):
     """A human observation from a report or a reproduction."""
@@ -165,6 +172,10 @@ class Citation(Base, kw_only=True):
     title: str
     retrieved_at: str
     excerpt: str
+
+    def __post_init__(self) -> None:
+        if not is_date_time(self.retrieved_at):
+            raise ValueError("retrieved_at is not a timezone-aware RFC 3339 date-time")
 
 
 class ExpectedStatement(_Statement, kw_only=True):

@@ -33,7 +33,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
-from rfc3339_validator import RFC3339_REGEX, validate_rfc3339
+
+from contracts.date_time import is_date_time
 
 __all__ = [
     "MAX_SAFE_INTEGER",
@@ -74,26 +75,6 @@ Positive = Annotated[int, Meta(ge=1, le=MAX_SAFE_INTEGER)]
 Size = Annotated[int, Meta(ge=0, le=MAX_SAFE_INTEGER)]
 Sha256 = Annotated[str, Meta(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 Paths = tuple[NonEmpty, ...]
-
-
-def is_date_time(value: str) -> bool:
-    """True for a timezone-aware RFC 3339 date-time, exactly as the schemas judge it.
-
-    The schemas' verdict is ``validate_rfc3339(value.upper())`` (what the
-    jsonschema format checker calls) plus "no newline". This is the same
-    test with its common case made cheap: the validator's own regex, and the
-    calendar consulted only for days 29-31 or year 0000.
-    """
-    if "\n" in value:
-        return False
-    upper = value.upper()
-    match = RFC3339_REGEX.match(upper)
-    if match is None:
-        return False
-    year, _, day = match.groups()
-    if "01" <= day <= "28" and year != "0000":
-        return True
-    return validate_rfc3339(upper)
 
 
 class Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -790,3 +790,56 @@ def test_the_pointer_pattern_means_what_it_meant_without_backtracking(text):
     assert schema_pattern == now.pattern
     assert regex.compile(case_structs.Pointer.__metadata__[0].pattern).pattern == now.pattern
     assert now.search("/" * 60 + "~") is None
+
+
+#: Every date-time field of the case contract, by where the test puts one.
+CASE_DATE_TIMES = [
+    "/human_observations/observations/0/observed_at",
+    "/human_observations/comments/0/observed_at",
+    "/human_observations/tester_hypotheses/0/observed_at",
+    "/expected_behavior/statements/0/observed_at",
+    "/expected_behavior/statements/0/citations/0/retrieved_at",
+]
+
+
+def test_case_date_time_pointers_name_every_date_time_of_the_contract():
+    def formats(node, found):
+        if isinstance(node, dict):
+            if node.get("format") == "date-time":
+                found.append(node)
+            for value in node.values():
+                formats(value, found)
+        elif isinstance(node, list):
+            for value in node:
+                formats(value, found)
+        return found
+
+    schema = contracts.SCHEMAS["case"]
+    # One definition, referenced by each field: the fields above are all of them.
+    assert formats(schema, []) == [schema["$defs"]["date_time"]]
+    assert json.dumps(schema).count('"#/$defs/date_time"') == len(CASE_DATE_TIMES)
+
+
+@pytest.mark.parametrize("pointer", CASE_DATE_TIMES)
+def test_case_date_times_are_checked_alike_by_schema_and_struct(pointer):
+    """The case Structs check date-times as the schema does, so the build's
+    fast check (the Structs) refuses what the contract refuses: a naive time,
+    an impossible date, a trailing newline."""
+    case = _golden_case_with_a_research_result()
+    case["expected_behavior"]["statements"][0]["citations"] = [
+        {"url": "https://example.org/a", "title": "t", "retrieved_at": "2026-03-14T07:00:12Z", "excerpt": "e"}
+    ]
+    parent, key = _at(case, pointer)
+    for value, accepted in (
+        ("2026-03-14T07:00:12+01:00", True),
+        ("2026-02-28t23:59:59.5z", True),
+        ("2024-02-29T00:00:00Z", True),
+        ("2026-03-14T07:00:12", False),
+        ("2026-02-29T00:00:00Z", False),
+        ("2026-13-01T00:00:00Z", False),
+        ("2026-03-14T07:00:12Z\n", False),
+        ("2026-03-14T07:00:12Z\r\n", False),
+        ("", False),
+    ):
+        parent[key] = value
+        assert _case_accepted(case) == (accepted, accepted), (pointer, value)
