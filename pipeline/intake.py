@@ -59,12 +59,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-import contracts
-
 from .interrupts import InterruptsWhileCopying, despite_interrupts
 from .errors import AdmissionError, VianoError
 from .faults import crashpoint
-from .jsoncanon import decode_strict, pretty_bytes
+from .jsoncanon import pretty_bytes
 from .lifecycle import CheckpointStore
 from .packages import _pid_alive
 from .workspace import ADMISSION_MARKER, Workspace, case_lock, check_reference, validate_id
@@ -1096,13 +1094,22 @@ def _checked_reference(ref: str, pointer: str) -> str:
         raise AdmissionError(exc.code, exc.message, path=SOURCE_MANIFEST, pointer=pointer) from None
 
 
+def _read_contract(data, contract: str, path: str, max_bytes: int) -> dict:
+    """Strict JSON checked against ``contract``, as ``decode_strict`` then
+    ``contracts.validate`` would (:func:`pipeline.reader.read_document`): a
+    document the msgspec Struct vouches for never loads jsonschema, whose
+    import is ~0.1 s of every admission and append otherwise."""
+    from .reader import read_document
+
+    return read_document(data, contract, path=path, max_bytes=max_bytes, error=AdmissionError)
+
+
 def _read_source_manifest(source: _Source, limits: ZipLimits) -> dict:
     if SOURCE_MANIFEST not in source.files:
         raise AdmissionError("MANIFEST_MISSING", "the package has no manifest.json at its root", path=source.label)
     data = source.read_small(SOURCE_MANIFEST, limits.manifest_bytes)
-    doc = decode_strict(data, max_bytes=limits.manifest_bytes, path=SOURCE_MANIFEST, error=AdmissionError)
     try:
-        contracts.validate("package-source", doc, path=SOURCE_MANIFEST, error=AdmissionError)
+        doc = _read_contract(data, "package-source", SOURCE_MANIFEST, limits.manifest_bytes)
     except AdmissionError as exc:
         if exc.code == "SCHEMA_VIOLATION":
             raise AdmissionError("MANIFEST_INVALID", exc.message, path=SOURCE_MANIFEST, pointer=exc.pointer) from None
@@ -1485,8 +1492,7 @@ def read_append_source(
         content = {rel: size for rel, size in src.files.items() if rel != APPEND_INDEX}
         if before_staging is not None:
             before_staging(bytes(index_bytes), dict(content))
-        index = decode_strict(index_bytes, max_bytes=limits.manifest_bytes, path=APPEND_INDEX, error=AdmissionError)
-        contracts.validate("case-inputs", index, path=APPEND_INDEX, error=AdmissionError)
+        index = _read_contract(index_bytes, "case-inputs", APPEND_INDEX, limits.manifest_bytes)
         _check_reserved(content)
         if staging_dir is not None:
             # The workspace's staging: trees of killed appends and admissions

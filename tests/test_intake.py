@@ -805,3 +805,42 @@ def test_an_interrupted_close_never_closes_a_reused_descriptor_number(tmp_path, 
     finally:
         for fd in held:
             real_close(fd)
+
+
+_NO_SCHEMA_LIBRARY = r"""
+import json, sys
+from pathlib import Path
+from pipeline import intake
+workspace, sample, append_source, staging = map(Path, sys.argv[1:5])
+intake.admit(workspace, "quiet", sample, progress=lambda *a: None)
+staged = intake.read_append_source(append_source, intake.ZipLimits(), staging_dir=staging, progress=lambda *a: None)
+staged.cleanup()
+print(json.dumps(sorted(name for name in ("jsonschema", "referencing", "contracts.schemas") if name in sys.modules)))
+"""
+
+
+def test_admission_and_append_sources_check_their_contract_without_jsonschema(tmp_path):
+    """The package manifest and the returning index are checked by the
+    Structs' fast path (pipeline.reader), which gives the schema's verdict;
+    jsonschema (a tenth of a second to import and build) only names the
+    pointer of a refusal. A fresh process that admits the sample and reads an
+    append source must not load it."""
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_SCHEMA_LIBRARY, str(tmp_path / "ws"), str(SAMPLE), str(_append_dir(tmp_path)), str(staging)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+    # A refused manifest still gets the schema's code and pointer.
+    broken = tmp_path / "broken"
+    shutil.copytree(SAMPLE, broken)
+    manifest = json.loads((broken / "manifest.json").read_text(encoding="utf-8"))
+    manifest["project"]["name"] = 7
+    (broken / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    with pytest.raises(VianoError) as exc:
+        intake.admit(tmp_path / "ws2", "broken", broken, progress=QUIET)
+    assert (exc.value.code, exc.value.path, exc.value.pointer) == ("MANIFEST_INVALID", "manifest.json", "/project/name")
+    assert not (tmp_path / "ws2" / "cases" / "broken").exists()
