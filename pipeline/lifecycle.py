@@ -164,8 +164,12 @@ def _now() -> str:
 
 
 def _db_error(exc: sqlite3.Error, what: str) -> VianoError:
-    """Map a sqlite3 failure to a stable code: busy -> LOCK_TIMEOUT, I/O -> IO_ERROR, else INTEGRITY_ERROR."""
+    """Map a sqlite3 failure to a stable code: busy -> LOCK_TIMEOUT, I/O -> IO_ERROR,
+    interrupted -> INTERRUPTED (a host program's ``Connection.interrupt``: the
+    transaction rolled back, nothing is corrupt), else INTEGRITY_ERROR."""
     name = getattr(exc, "sqlite_errorname", "") or ""
+    if name == "SQLITE_INTERRUPT":
+        return LifecycleError("INTERRUPTED", f"checkpoint store interrupted while {what}; nothing was recorded")
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return LifecycleError("LOCK_TIMEOUT", f"checkpoint store busy while {what}: {exc}")
     if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):

@@ -142,6 +142,21 @@ def test_stale_generation_changes_nothing(store):
     assert _dump(store) == before
 
 
+def test_an_interrupted_transaction_is_interrupted_not_corrupt(store):
+    """A host program may interrupt the store's connection (here through a
+    progress handler that asks sqlite to stop): the transaction rolls back,
+    the code says INTERRUPTED, not INTEGRITY_ERROR, and the store works on."""
+    store.admit("c1", "p1", 1)
+    before = _dump(store)
+    store._conn.set_progress_handler(lambda: 1, 1)  # noqa: SLF001 - what Connection.interrupt() does mid-statement
+    try:
+        assert code_of(store.advance, "c1", "intake", expected_generation=1, new_generation=2) == "INTERRUPTED"
+    finally:
+        store._conn.set_progress_handler(None, 1)  # noqa: SLF001
+    assert _dump(store) == before
+    assert store.advance("c1", "intake", expected_generation=1, new_generation=2).generation == 2
+
+
 def test_bad_arguments(store):
     store.admit("c1", "p1", 1)
     before = _dump(store)
