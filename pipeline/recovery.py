@@ -33,7 +33,23 @@ _MANIFEST_PARSE_LIMIT = 64 * 1024 * 1024
 
 def roll_forward(store, package, case_id: str):
     """Take in every published generation the store has not recorded yet, and
-    remove what crashed writers left behind (temp files, unpublished content)."""
+    remove what crashed writers left behind (temp files, unpublished content).
+
+    A store ahead of the manifests means a published manifest went missing:
+    ``INTEGRITY_ERROR`` before anything is touched, because everything the
+    lost generations published would otherwise look unpublished and be
+    removed."""
+    record = store.get(case_id)
+    current = package.current_generation()
+    if record.generation > current:
+        from .packages import manifest_name
+
+        raise IntegrityError(
+            "INTEGRITY_ERROR",
+            f"the checkpoint store records generation {record.generation} but the package's manifests end at "
+            f"generation {current}: a published manifest is missing; nothing was changed",
+            path=f"manifests/{manifest_name(current + 1)}",
+        )
     _remove_manifest_temps(package)
     # The store row exists, so an admission marker left by a crash between the
     # commit and its removal is stale; clearing it keeps a later loss of the
@@ -43,8 +59,6 @@ def roll_forward(store, package, case_id: str):
         from .intake import clear_admission_marker
 
         clear_admission_marker(package.workspace, case_id)
-    record = store.get(case_id)
-    current = package.current_generation()
     while record.generation < current:
         target = record.generation + 1
         previous = package.manifest(record.generation)

@@ -762,3 +762,23 @@ def test_two_threads_building_one_case_through_the_api(tmp_path):
         reference = reference or published
         assert published == reference
         assert not list((ws / ".cache").rglob("*.tmp"))
+
+
+def test_a_missing_published_manifest_stops_every_command_and_removes_nothing(tmp_path):
+    """The store ahead of the manifests means a published manifest was lost.
+    Rolling forward must not take what that generation published for a
+    crashed writer's leftovers: a build once removed the published case."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    last = kit.manifests(ws, "c1")[-1]
+    assert last.name == "000002.json"
+    last.unlink()
+    before = kit.tree_digest(ws / "cases")
+    published = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001" / "case.json"
+    for command in (("build", "case=c1"), ("reopen", "case=c1", "by=human:t", "reason=r"), ("export", "case=c1", f"dest={tmp_path / 'out'}")):
+        result = kit.doit(*command, workspace=ws)
+        line = _one_line_error(result, "INTEGRITY_ERROR")
+        assert "manifests/000002.json" in line and "generation 2" in line, line
+        assert str(tmp_path) not in line, line
+        assert kit.tree_digest(ws / "cases") == before, command
+        assert published.exists()
