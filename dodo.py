@@ -18,7 +18,7 @@ from doit.tools import config_changed
 from pipeline import BUILDER_VERSION
 from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case
 from pipeline.cache import BuildCache
-from pipeline.doitcli import code_version, doit_config, guarded
+from pipeline.doitcli import code_version, doit_config, guarded, subtask_name
 from pipeline.errors import VianoError
 from pipeline.workspace import Workspace, validate_id
 
@@ -163,7 +163,7 @@ def task_read_input():
         # this input was read by this builder under the same bound.
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         yield {
-            "name": doc["path"],
+            "name": subtask_name(doc["path"]),
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
                                    doc["path"], doc["sha256"], doc["size"], doc["contract"]],
                          {"inline_fact_value": inline})],
@@ -184,7 +184,7 @@ def task_hash_context():
         # Named by path, sha256 and size: the record exists exactly when this
         # file was verified (hashing does not change with the builder's code).
         yield {
-            "name": ref["path"],
+            "name": subtask_name(ref["path"]),
             "actions": [(guarded, ["pipeline.build:step_hash_context", root, case_id, plan["package_id"],
                                    ref["path"], ref["sha256"], ref["size"]])],
             "targets": [str(cache.opaque(ref["path"], ref["sha256"], ref["size"]))],

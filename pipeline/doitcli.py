@@ -35,7 +35,7 @@ from doit.reporter import ConsoleReporter
 
 from .errors import ERROR_CODES, VianoError, one_line
 
-__all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "BUILD_TASKS"]
+__all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "BUILD_TASKS"]
 
 #: Tasks that read or write a case's build cache; only these take the lock.
 BUILD_TASKS = ("build", "validate_index", "read_input", "hash_context", "assemble", "render", "publish")
@@ -140,6 +140,16 @@ class OneLineReporter(ConsoleReporter):
     def complete_run(self):
         self.failures = [f for f in self.failures if not f.get("viano")]
         super().complete_run()
+
+
+def subtask_name(path: str) -> str:
+    """The doit sub-task name of a content path: the path itself, with ``%``
+    and ``=`` written ``%25`` and ``%3D``. doit refuses ``=`` in a task name
+    (its command line takes ``name=value`` as a variable), while a package
+    may hold ``key=value.txt``; the two escapes keep names one-to-one."""
+    if "=" not in path and "%" not in path:
+        return path
+    return path.replace("%", "%25").replace("=", "%3D")
 
 
 def guarded(target: str, *args, **kwargs):

@@ -49,15 +49,16 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         return rows
     cache = BuildCache(ws.cache_dir(case_id))
     from .build import over_read_bound, reuses_confirmed_case
+    from .doitcli import subtask_name
 
     reusing = reuses_confirmed_case(cache)
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
-        rows.append((f"read_input:{doc['path']}", _read_input_outlook(cache, record, doc)))
+        rows.append((f"read_input:{subtask_name(doc['path'])}", _read_input_outlook(cache, record, doc)))
     for ref in plan["opaque"]:
         cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()
-        rows.append((f"hash_context:{ref['path']}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))
+        rows.append((f"hash_context:{subtask_name(ref['path'])}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))
     try:
         cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None
     except (OSError, VianoError):

@@ -684,3 +684,33 @@ def test_an_append_rebuild_splices_the_previous_case_and_matches_a_whole_build(t
     assert case["entities"][0]["roles"] == ["focus", "mentioned", "again"]
     assert [r["id"] for r in case["reproduction"]["reproductions"]] == ["R0001", "R0002"]
     assert case["expected_behavior"]["completeness"] == "conflicting"
+
+
+def test_content_paths_with_equal_and_percent_signs_build_and_show_in_status(tmp_path):
+    """doit refuses '=' in a task name; a package may well hold
+    'key=value.json'. Task names escape '%' and '=', the case keeps the paths."""
+    listed = "original/run=2%/report=a.json"
+    unlisted = "original/notes/key=value.txt"
+    escaped = "original/run%3D2%25/report%3Da.json"
+    source = kit.make_package(
+        tmp_path / "src",
+        files={listed: kit.report("Equal signs", observations=[{"text": "seen"}]), unlisted: b"plain bytes\n",
+               "original/run%3D2%25/report%3Da.json": kit.report("The escaped spelling", observations=[{"text": "other"}])},
+        index=kit.index(reports=[listed, escaped]),
+    )
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert "read_input:original/run%3D2%25/report%3Da.json: would run" in status.stdout
+    assert "read_input:original/run%253D2%2525/report%253Da.json: would run" in status.stdout
+    assert "hash_context:original/notes/key%3Dvalue.txt: would run" in status.stdout
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert f"read_input:{escaped}" in built.stderr
+    case_path = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001" / "case.json"
+    case = json.loads(case_path.read_text(encoding="utf-8"))
+    assert [item["path"] for item in case["inputs"]["reports"]] == [listed, escaped]
+    assert unlisted in [item["path"] for item in case["inputs"]["unclassified"]]
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0 and "read_input" not in again.stderr, again.stderr
