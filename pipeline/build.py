@@ -207,8 +207,13 @@ def _thread_turn(ws, case_id: str, timeout: float = 60.0):
         turn.release()
 
 
-def _cache(ws, case_id: str) -> BuildCache:
-    return BuildCache(ws.cache_dir(case_id))
+def case_cache(ws, case_id: str) -> BuildCache:
+    """The case's cache, refused where a part of it is a symlink (RELIABILITY 28)."""
+    from .workspace import refuse_symlinks
+
+    cache_dir = ws.cache_dir(case_id)
+    refuse_symlinks(ws, f".cache/{cache_dir.name}")
+    return BuildCache(cache_dir)
 
 
 def _progress(message: str) -> None:
@@ -308,7 +313,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     try:
         with _locked(ws, case_id):
                 record = store.get(case_id)
-                cache = _cache(ws, case_id)
+                cache = case_cache(ws, case_id)
                 package = _package(ws, case_id, record.package_id, cache)
                 record = roll_forward(store, package, case_id)
                 if record.state == "BLOCKED":
@@ -424,7 +429,7 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     inline = limits.inline_fact_value if inline_fact_value is None else inline_fact_value
     ws = _workspace(workspace_root)
     package = _package(ws, case_id, package_id)
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     reusing = reuses_confirmed_case(cache)
     bound = max(size, limits.document_bytes) if reusing else limits.document_bytes
     # Integrity first, always strict: bytes that differ from the manifest are
@@ -464,7 +469,7 @@ def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -
     if size >= 64 * 1024 * 1024:
         _progress(f"hashing {path} ({size} bytes)")
     package.verify_file(path, manifest=_planned(path, sha256, size))
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     cache.write_json(cache.opaque(path, sha256, size), {"path": path, "sha256": sha256, "size": size})
 
 
@@ -706,7 +711,7 @@ def step_assemble(workspace_root, case_id) -> None:
     from .assemble import assemble, carry_forward, prior_numbering
 
     ws = _workspace(workspace_root)
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     _SPLICING.pop(os.fspath(cache.root), None)
     if reuses_confirmed_case(cache):
@@ -770,7 +775,7 @@ def _prior_rereader(workspace_root, case_id: str, plan: dict):
         if sha256_hex(data) != prior["sha256"]:
             raise CaseBuildError("INTEGRITY_ERROR", "the prior case is not the one planned", path=prior["path"])
         view = _prior_view_from(data, prior["path"])
-        cache = _cache(ws, case_id)
+        cache = case_cache(ws, case_id)
         cache.write_json_fast(cache.prior_view(prior["path"], prior["sha256"]), view)
         return view
 
@@ -966,7 +971,7 @@ def step_render(workspace_root, case_id) -> None:
     from .summary import EscapeMemo, LineMemo, render_summary
 
     ws = _workspace(workspace_root)
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     if reuses_confirmed_case(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
@@ -1086,7 +1091,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     from .recovery import roll_forward
 
     ws = _workspace(workspace_root)
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])
     summary_bytes = _read_output(cache, cache.summary, plan["limits"]["summary_bytes"])
@@ -1170,7 +1175,7 @@ def leave_prior_view(ws, case_id: str, package) -> None:
         entry = manifest["files"].get(path) if isinstance(path, str) else None
         if entry is None:
             return
-        cache = _cache(ws, case_id)
+        cache = case_cache(ws, case_id)
         if cache.prior_view(path, entry["sha256"]).exists():
             return
         _read_index, read_prior_case = document_readers(package, CaseBuilderLimits(), relaxed=True, cache=cache)
@@ -1197,7 +1202,7 @@ def _repair_from_published(package, outputs: dict, cache: BuildCache, case_bytes
 def publish_is_current(workspace_root, case_id) -> bool:
     """doit ``uptodate`` for publish: the cached output is the confirmed one."""
     ws = _workspace(workspace_root)
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     try:
         plan = cache.read_json(cache.plan)
         published = cache.read_json(cache.published)
@@ -1216,7 +1221,7 @@ def publish_is_current(workspace_root, case_id) -> bool:
 def report_build(workspace_root, case_id) -> None:
     """The ``build`` task's own output: one line naming the confirmed case."""
     ws = _workspace(workspace_root)
-    cache = _cache(ws, case_id)
+    cache = case_cache(ws, case_id)
     plan = cache.read_json(cache.plan)
     published = cache.read_json(cache.published)
     sys.stdout.write(

@@ -299,13 +299,13 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         return config  # the task action reports the bad variable with its code
     if not ws.store_path.exists() or not ws.case_dir(case_id).is_dir():
         return config  # unknown case: the action reports UNKNOWN_CASE, nothing is created
-    from .build import hold_case_lock
+    from .build import case_cache, hold_case_lock
 
     # Before doit starts, so any failure here is ours to report: one coded
     # line and doit's own exit status for a failed run, never a traceback.
     try:
         hold_case_lock(ws, case_id)
-        cache_dir = ws.cache_dir(case_id)
+        cache_dir = case_cache(ws, case_id).root  # refuses a symlinked cache before doit opens its dep file there
         cache_dir.mkdir(parents=True, exist_ok=True)
         dep_file = cache_dir / "doit.sqlite3"
         _discard_if_corrupt(dep_file)

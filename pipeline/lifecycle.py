@@ -42,7 +42,7 @@ from typing import Any, Iterable
 
 from . import BUILDER_VERSION
 from .errors import IntegrityError, LifecycleError, VianoError
-from .workspace import Workspace, validate_id
+from .workspace import Workspace, refuse_symlinks, validate_id
 
 __all__ = [
     "STATES",
@@ -195,6 +195,7 @@ class CheckpointStore:
     def __init__(self, workspace: Workspace, *, busy_timeout: float = 30.0, create: bool = True) -> None:
         self.workspace = workspace
         path = workspace.store_path
+        refuse_symlinks(workspace, path.name, f"{path.name}-wal", f"{path.name}-shm")
         if not path.exists():
             if not create:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")

@@ -59,6 +59,7 @@ from .workspace import (
     makedirs_nofollow,
     open_dir_nofollow,
     open_nofollow,
+    refuse_symlinks,
     validate_id,
 )
 
@@ -709,6 +710,8 @@ class Package:
         self.case_id = validate_id(case_id, "case id")
         self.package_id = validate_id(package_id, "package id")
         self.dir = workspace.package_dir(case_id, package_id)
+        below = f"cases/{self.case_id}/packages/{self.package_id}"
+        refuse_symlinks(workspace, f"{below}/content", f"{below}/manifests")
         self._cache: dict[int, dict] = {}
         self._parsed = parsed_manifests
 

@@ -47,8 +47,9 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     except VianoError as error:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
-    cache = BuildCache(ws.cache_dir(case_id))
-    from .build import over_read_bound, reuses_confirmed_case
+    from .build import case_cache, over_read_bound, reuses_confirmed_case
+
+    cache = case_cache(ws, case_id)
     from .doitcli import subtask_name
 
     reusing = reuses_confirmed_case(cache)

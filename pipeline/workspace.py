@@ -37,6 +37,7 @@ __all__ = [
     "Workspace",
     "case_lock",
     "held_case_locks",
+    "refuse_symlinks",
     "open_nofollow",
     "open_dir_nofollow",
     "makedirs_nofollow",
@@ -179,6 +180,34 @@ class Workspace:
         return self.root / ".locks" / f"{validate_id(case_id, 'case id')}.lock"
 
 
+def refuse_symlinks(workspace: Workspace, *relpaths: str) -> None:
+    """RELIABILITY 28 for the workspace's own tree: no part of any of
+    ``relpaths`` (below the root) may be a symlink, or a command would read
+    and write wherever it points (publish a case outside the workspace, take
+    a lock file elsewhere). Checked part by part from the root, so a link is
+    named where it stands; a part that does not exist yet ends the check (we
+    make it, as a directory). ``REFERENCE_UNSAFE``. A check before use, not
+    descriptor-relative opens: it keeps a misplaced or planted link from
+    being used, not a writer racing this process inside the workspace. The
+    root itself may be a symlink: that is where the user put the workspace."""
+    seen: set[str] = set()
+    for relpath in relpaths:
+        done = ""
+        for part in relpath.split("/"):
+            done = f"{done}/{part}" if done else part
+            if done in seen:
+                continue
+            seen.add(done)
+            try:
+                mode = os.lstat(os.path.join(workspace.root, done)).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                break
+            if stat.S_ISLNK(mode):
+                raise CaseBuildError(
+                    "REFERENCE_UNSAFE", "a workspace directory or file is a symlink; the workspace never follows one", path=done
+                )
+
+
 # Locks this process holds: (resolved workspace root, case_id) -> [fd, depth].
 # flock treats two descriptors of one file in one process as two owners, so a
 # nested case_lock would wait on itself; instead the first entry takes the
@@ -276,6 +305,7 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
         return
 
     path = workspace.lock_path(case_id)
+    refuse_symlinks(workspace, f".locks/{path.name}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     owned = False  # True once the record owns fd (it is then closed by the last holder)

@@ -7,11 +7,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from pipeline.build import CaseBuilder
 from pipeline.lifecycle import CheckpointStore
@@ -782,3 +785,56 @@ def test_a_missing_published_manifest_stops_every_command_and_removes_nothing(tm
         assert str(tmp_path) not in line, line
         assert kit.tree_digest(ws / "cases") == before, command
         assert published.exists()
+
+
+SYMLINKABLE_PARTS = [
+    "cases", "cases/c1", "cases/c1/packages", "cases/c1/packages/pkg-1",
+    "cases/c1/packages/pkg-1/content", "cases/c1/packages/pkg-1/manifests",
+    ".cache", ".cache/c1", ".locks", "checkpoints.sqlite3",
+]
+
+
+@pytest.mark.parametrize("part", SYMLINKABLE_PARTS)
+def test_a_symlinked_part_of_the_workspace_is_refused_by_every_command(tmp_path, part):
+    """RELIABILITY 28 for the workspace's own directories: moved elsewhere and
+    linked back, a part is followed by no command (a build once published
+    the case through a linked content/ into wherever it pointed)."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    moved = outside / part.replace("/", "_")
+    (ws / part).rename(moved)
+    os.symlink(moved, ws / part)
+    before_outside = kit.tree_digest(outside, skip_cache=False)
+    before_ws = kit.tree_digest(ws)
+    source = _report_append(tmp_path, "later", ["original/report-a.json", "original/report-b.json"])
+    for command in (("build", "case=c1"), ("append", "case=c1", f"source={source}"),
+                    ("reopen", "case=c1", "by=human:t", "reason=r"), ("export", "case=c1", f"dest={tmp_path / 'out'}")):
+        result = kit.doit(*command, workspace=ws)
+        line = _one_line_error(result, "REFERENCE_UNSAFE")
+        assert f"({part})" in line or f"({part.split('/')[0]})" in line, (command, line)
+        assert kit.tree_digest(outside, skip_cache=False) == before_outside, command
+        assert kit.tree_digest(ws) == before_ws, command
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_source_directory_that_holds_the_workspace_is_refused(tmp_path):
+    """`source=.` from a directory whose service-data is the workspace would
+    copy the workspace (other cases, the store, the cache) into the package."""
+    from tests.conftest import REPO, doit_env
+
+    source = standard_package(tmp_path / "src")
+    admit = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "admit", "case=c1", "source=."],
+                           cwd=source, capture_output=True, text=True, env=doit_env(), timeout=120)
+    _one_line_error(admit, "INVALID_ARGUMENT")
+    assert not (source / "service-data").exists()
+    ws = source / "ws"
+    admitted = kit.doit("admit", "case=c1", f"source={tmp_path / 'src'}", workspace=tmp_path / "elsewhere")
+    assert admitted.returncode == 0, admitted.stderr
+    for command in (("admit", "case=c2", f"source={source}"), ("append", "case=c1", f"source={tmp_path}")):
+        target = ws if command[0] == "admit" else tmp_path / "elsewhere"
+        before = kit.tree_digest(target) if target.exists() else None
+        result = kit.doit(*command, workspace=target)
+        _one_line_error(result, "INVALID_ARGUMENT")
+        assert (kit.tree_digest(target) if target.exists() else None) == before
