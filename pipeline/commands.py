@@ -73,7 +73,7 @@ def _existing_store(ws, case_id):
 def _caught_up(ws, store, case_id: str):
     """Hold the case lock with the store rolled forward to every published
     generation: ``(record, package)`` as the next change must see them."""
-    from .cache import BuildCache
+    from .build import case_cache
     from .packages import Package
     from .recovery import roll_forward
     from .workspace import case_lock
@@ -81,7 +81,7 @@ def _caught_up(ws, store, case_id: str):
     with case_lock(ws, case_id):
         record = store.get(case_id)
         # The manifest a command publishes is left parsed for the next build.
-        parsed = BuildCache(ws.cache_dir(case_id)).parsed_manifests(keep_loaded=False)
+        parsed = case_cache(ws, case_id).parsed_manifests(keep_loaded=False)
         package = Package(ws, case_id, record.package_id, parsed_manifests=parsed)
         yield roll_forward(store, package, case_id), package
 
@@ -120,7 +120,7 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
 
 def cmd_append(case=None, source=None, workspace=None) -> None:
     """Add new files and a returning case-inputs index as a new generation."""
-    from .intake import read_append_source
+    from .intake import read_append_source, refuse_source_holding
     from .packages import PackageWriter
     from .plan import step_id_for
     from .reader import read_document
@@ -150,6 +150,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 if confirmed and not _may_be_held(package.manifest(record.generation), index_bytes, sizes):
                     raise reopen_required()
 
+            refuse_source_holding(source_path, ws.root)
             staged = read_append_source(source_path, staging_dir=ws.staging_dir(), before_staging=only_a_repeat)
             try:
                 index_bytes = staged.index_bytes

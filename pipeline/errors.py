@@ -24,12 +24,12 @@ __all__ = [
 #: code -> one-line meaning. The README's error table says exactly this (a test holds them equal).
 ERROR_CODES: dict[str, str] = {
     # command line and workspace
-    "INVALID_ARGUMENT": "a command variable is missing or malformed",
+    "INVALID_ARGUMENT": "a command variable is missing or malformed, or a source directory holds the workspace",
     "UNSAFE_ID": "a case or package id does not match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
     "UNKNOWN_CASE": "no such case in the workspace",
     "CASE_EXISTS": "a case with this id was already admitted",
-    "SOURCE_NOT_FOUND": "the source path does not exist or is not a file or directory",
-    "SOURCE_SPECIAL_FILE": "a directory source holds a symlink, device, FIFO or socket",
+    "SOURCE_NOT_FOUND": "the source path does not exist",
+    "SOURCE_SPECIAL_FILE": "the source, or a file of a directory source, is a symlink, device, FIFO or socket",
     "INSUFFICIENT_DISK": "not enough free disk space for the admission",
     "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed",
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
@@ -68,7 +68,7 @@ ERROR_CODES: dict[str, str] = {
     "UNSUPPORTED_VERSION": "an unknown format or format_version",
     "CONTRACT_INVALID": "a bundled contract refers to a schema that is not bundled (nothing is ever fetched)",
     # references inside a package (RELIABILITY.md 27-29)
-    "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink",
+    "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink; or a directory of the workspace is a symlink",
     "REFERENCE_MISSING": "a reference names a file absent from the manifest",
     "DUPLICATE_SOURCE": "the same source is listed twice, within one index role or in two roles",
     # lifecycle (section 4)

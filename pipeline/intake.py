@@ -403,6 +403,27 @@ def _open_child_dir(dir_fd: int, name: str, rel: str, expected: os.stat_result |
     return fd
 
 
+def refuse_source_holding(source: os.PathLike | str, workspace_root: os.PathLike | str) -> None:
+    """A directory source that holds the workspace (``source=.`` run from a
+    directory whose ``service-data`` is the workspace) would be copied into
+    the new package with the workspace inside it: other cases' published
+    files, the store, the cache. ``INVALID_ARGUMENT`` before anything is read."""
+    path = os.fspath(source)
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+    except OSError:
+        return  # _open_source names what is wrong with it
+    holder = os.path.realpath(path)
+    inside = os.path.realpath(os.fspath(workspace_root))
+    if inside == holder or inside.startswith(holder.rstrip(os.sep) + os.sep):
+        raise AdmissionError(
+            "INVALID_ARGUMENT",
+            "the source directory holds the workspace; take the package from a directory outside it",
+            path=os.path.basename(path.rstrip("/")) or path,
+        )
+
+
 def _open_source(source: os.PathLike | str, limits: ZipLimits) -> _Source:
     """Inspect ``source`` completely (ZIP structure or directory walk) without writing anything."""
     path = os.fspath(source)
@@ -1314,6 +1335,7 @@ def admit(
     ws = workspace if isinstance(workspace, Workspace) else Workspace(Path(workspace))
     if progress is None:
         progress = StderrProgress()
+    refuse_source_holding(source, ws.root)
     _require_workspace_root(ws.root)
     _refuse_existing(ws, case_id)
     _require_real_dir(ws.cases_dir, "cases")
