@@ -229,6 +229,21 @@ def report_interrupts_on_one_line() -> None:
     sys.excepthook = hook
 
 
+def say_when_waiting_for_a_case_lock() -> None:
+    """On doit's command line, a command that waits for another's case lock
+    says so once (after a second) instead of looking hung until it gets the
+    lock or gives up with ``LOCK_TIMEOUT``."""
+    if not _running_doit_command_line():
+        return
+    from . import workspace
+
+    def notice(case_id: str, timeout: float) -> None:
+        sys.stderr.write(f"waiting for case {case_id}: another command holds its lock (giving up after {timeout:g}s)\n")
+        sys.stderr.flush()
+
+    workspace.lock_wait_notice = notice
+
+
 def skip_the_exit_collections() -> None:
     """Freeze, at exit, what is still alive for the cyclic garbage collector.
 
@@ -277,6 +292,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     from .workspace import Workspace, validate_id
 
     report_interrupts_on_one_line()
+    say_when_waiting_for_a_case_lock()
     skip_the_exit_collections()
     collect_no_cycles_during_the_run()
     argv = sys.argv if argv is None else argv

@@ -222,6 +222,13 @@ def refuse_symlinks(workspace: Workspace, *relpaths: str) -> None:
 _held: dict[tuple[str, str], list[int]] = {}
 _held_guard = threading.Lock()
 
+#: Called once with ``(case_id, timeout)`` when a wait for a case lock has
+#: lasted :data:`LOCK_NOTICE_AFTER` seconds. The command line sets it to a
+#: line on stderr, so a command waiting for another does not look hung; a
+#: library caller hears nothing unless it sets one.
+lock_wait_notice = None
+LOCK_NOTICE_AFTER = 1.0
+
 
 def _forget_held_in_child() -> None:
     """After fork: the child holds no lock of ours. Its copies of the parent's
@@ -310,8 +317,10 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     owned = False  # True once the record owns fd (it is then closed by the last holder)
     try:
-        deadline = time.monotonic() + max(0.0, timeout)
+        started = time.monotonic()
+        deadline = started + max(0.0, timeout)
         delay = 0.002
+        noticed = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -326,11 +335,15 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
                     _held[key] = [fd, 1]
                 owned = True
                 break
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 raise LifecycleError(
                     "LOCK_TIMEOUT", f"case {case_id} is locked by another writer; gave up after {timeout:g}s"
                 )
+            if not noticed and now - started >= LOCK_NOTICE_AFTER and lock_wait_notice is not None:
+                noticed = True
+                lock_wait_notice(case_id, timeout)
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.05)
     finally:

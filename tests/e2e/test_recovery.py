@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from pipeline.build import CaseBuilder
 from pipeline.lifecycle import CheckpointStore
 from pipeline.limits import CaseBuilderLimits
 from pipeline.workspace import Workspace
+from tests.conftest import REPO, doit_env
 from tests.e2e import kit
 from tests.e2e.test_build import standard_package
 
@@ -838,3 +840,27 @@ def test_a_source_directory_that_holds_the_workspace_is_refused(tmp_path):
         result = kit.doit(*command, workspace=target)
         _one_line_error(result, "INVALID_ARGUMENT")
         assert (kit.tree_digest(target) if target.exists() else None) == before
+
+
+def test_a_command_waiting_for_the_case_lock_says_so_once(tmp_path):
+    """A command queued behind another's case lock prints one line after a
+    second instead of looking hung, then goes on when the lock is free."""
+    ws = _admitted(tmp_path)
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, str(REPO / "tests" / "procs" / "lock_holder.py"), str(ws), "c1", str(ready)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "the lock holder never took the lock"
+            time.sleep(0.01)
+        build = subprocess.Popen(["doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env())
+        time.sleep(2.5)
+    finally:
+        holder.kill()
+        holder.wait()
+    _, err = build.communicate(timeout=120)
+    assert build.returncode == 0, err
+    waiting = [line for line in err.splitlines() if line.startswith("waiting for case c1:")]
+    assert waiting == ["waiting for case c1: another command holds its lock (giving up after 60s)"], err
