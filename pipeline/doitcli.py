@@ -356,9 +356,24 @@ def _tolerate_an_unsaved_dep_file() -> None:
     if getattr(SqliteDB.dump, "viano_tolerant", False):
         return
     save = SqliteDB.dump
+    forget = SqliteDB.remove
+
+    def remove(self, task_id) -> None:
+        # doit forgets a failed task's record at once, outside the final save;
+        # a file that cannot take the delete (full disk, another writer) must
+        # not turn the task's own coded failure into a traceback. The save
+        # meets the same file and says so; a record left behind names the
+        # task's earlier inputs, so the task runs again all the same.
+        try:
+            forget(self, task_id)
+        except sqlite3.Error as error:
+            self.viano_unsaved = error
 
     def dump(self) -> None:
         try:
+            unsaved = getattr(self, "viano_unsaved", None)
+            if unsaved is not None:
+                raise unsaved
             save(self)
         except (sqlite3.Error, OSError) as error:
             try:
@@ -372,6 +387,7 @@ def _tolerate_an_unsaved_dep_file() -> None:
 
     dump.viano_tolerant = True
     SqliteDB.dump = dump
+    SqliteDB.remove = remove
 
 
 def _read_the_dep_file_in_one_query() -> None:

@@ -864,3 +864,28 @@ def test_a_command_waiting_for_the_case_lock_says_so_once(tmp_path):
     assert build.returncode == 0, err
     waiting = [line for line in err.splitlines() if line.startswith("waiting for case c1:")]
     assert waiting == ["waiting for case c1: another command holds its lock (giving up after 60s)"], err
+
+
+def test_a_failed_build_whose_dep_file_cannot_forget_the_task_is_one_coded_line(tmp_path):
+    """doit forgets a failed task's record at once; when the dep file cannot
+    take that delete (here another process holds its write lock, as a full
+    disk would refuse it) the build still ends with the task's own coded
+    line and a warning, not a traceback, and the next build runs the task."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    bad = kit.make_append(
+        tmp_path / "bad",
+        files={"original/dup.json": '{"format": "viano-bug-report", "format_version": 1, "title": "a", "title": "b"}'},
+        index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/dup.json"],
+                        reproductions=["original/repro.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={bad}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode != 0  # the dep file now holds records of this revision
+    with _sqlite_held_by_another_process(ws / ".cache" / "c1" / "doit.sqlite3"):
+        built = kit.doit("build", "case=c1", workspace=ws)
+    line = _one_line_error(built, "JSON_DUPLICATE_KEY")
+    assert "original/dup.json" in line
+    assert "warning: IO_ERROR: the build's dependency file was not saved" in built.stderr
+    again = kit.doit("build", "case=c1", workspace=ws)
+    _one_line_error(again, "JSON_DUPLICATE_KEY")
