@@ -15,6 +15,19 @@ from .plan import make_plan
 __all__ = ["build_outlook"]
 
 
+def _cached_case_request_hash(cache: BuildCache, limit: int) -> str | None:
+    """The request hash the cached case was assembled for, None if it cannot be read."""
+    import msgspec
+
+    try:
+        with open(cache.case_json, "rb") as handle:
+            data = handle.read(limit + 1)
+        found = msgspec.json.decode(data)["case"]["request_hash"] if len(data) <= limit else None
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, msgspec.DecodeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
 def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
     """What the build would make of one structured input, from its cached record:
     a document refused when it was read stays refused (the record is a pure
@@ -64,14 +77,25 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None
     except (OSError, VianoError):
         cached_plan = None
-    same_inputs = cached_plan is not None and cached_plan.get("request_hash") == plan["request_hash"]
-    for task, target in (("assemble", cache.case_json), ("render", cache.summary)):
-        if not target.exists():
-            rows.append((task, "would run: no cached output"))
-        elif not same_inputs:
-            rows.append((task, "would run: inputs changed since the last build"))
-        else:
-            rows.append((task, "up to date"))
+    # A failed build has planned these inputs already; the cached case is
+    # current only if it was assembled from them.
+    same_inputs = (
+        cached_plan is not None
+        and cached_plan.get("request_hash") == plan["request_hash"]
+        and _cached_case_request_hash(cache, plan["limits"]["case_bytes"]) == plan["request_hash"]
+    )
+    if not cache.case_json.exists():
+        rows.append(("assemble", "would run: no cached output"))
+    elif not same_inputs:
+        rows.append(("assemble", "would run: inputs changed since the last case was assembled"))
+    else:
+        rows.append(("assemble", "up to date"))
+    if not cache.summary.exists():
+        rows.append(("render", "would run: no cached output"))
+    elif not same_inputs:
+        rows.append(("render", "would run: after assemble"))
+    else:
+        rows.append(("render", "up to date"))
     store = open_existing_store(ws, case_id)
     try:
         confirmed = store.confirmed(case_id, plan["step_id"])

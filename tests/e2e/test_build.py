@@ -287,6 +287,7 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert kit.tree_digest(ws / "cases") == before
     status = kit.doit("status", "case=c1", workspace=ws)
     assert "state: BUILDING_CASE" in status.stdout  # the start checkpoint is kept
+    assert "  assemble: would run: no cached output" in status.stdout, status.stdout
     assert ("read_input:original/report-b.json: up to date, refused: the build would fail with JSON_DUPLICATE_KEY"
             in status.stdout), status.stdout
     fix = kit.make_append(
@@ -297,6 +298,7 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert kit.doit("append", "case=c1", f"source={fix}", workspace=ws).returncode == 0
     outlook = kit.doit("status", "case=c1", workspace=ws).stdout
     assert "read_input:original/report-b.json: up to date, refused (JSON_DUPLICATE_KEY" in outlook  # inherited now
+    assert "  assemble: would run: no cached output" in outlook, outlook
     assert "drops it with a SUPERSEDED_INPUT gap" in outlook
     resumed = kit.doit("build", "case=c1", workspace=ws)
     assert resumed.returncode == 0, resumed.stderr
@@ -714,3 +716,24 @@ def test_content_paths_with_equal_and_percent_signs_build_and_show_in_status(tmp
     assert unlisted in [item["path"] for item in case["inputs"]["unclassified"]]
     again = kit.doit("build", "case=c1", workspace=ws)
     assert again.returncode == 0 and "read_input" not in again.stderr, again.stderr
+
+
+def test_status_after_a_failed_build_says_assemble_and_render_would_run(tmp_path, admitted):
+    """A failed build plans the new inputs before it fails; the cached case
+    is still the previous build's, so assemble and render would run."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert "  assemble: up to date\n  render: up to date\n" in kit.doit("status", "case=c1", workspace=ws).stdout
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    bad = kit.make_append(
+        tmp_path / "bad",
+        files={"original/dup.json": '{"format": "viano-bug-report", "format_version": 1, "title": "a", "title": "b"}'},
+        index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/dup.json"],
+                        reproductions=["original/repro.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={bad}", workspace=ws).returncode == 0
+    failed = kit.doit("build", "case=c1", workspace=ws)
+    assert failed.returncode != 0 and "JSON_DUPLICATE_KEY" in failed.stderr
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: would run: inputs changed since the last case was assembled\n" in outlook, outlook
+    assert "  render: would run: after assemble\n" in outlook, outlook
