@@ -987,18 +987,22 @@ def _remove_stale_staging(staging_root: Path) -> None:
             os.close(fd)
 
 
-def _check_free_disk(root: Path, needed: int, limits: ZipLimits) -> None:
+def _check_free_disk(root: Path, needed: int, limits: ZipLimits, what: str = "admission") -> None:
     if not limits.check_free_disk:
         return
     probe = root
     while not probe.exists():
         probe = probe.parent
     vfs = os.statvfs(probe)
+    if vfs.f_blocks == 0:
+        # /proc, /sys and their kind hold no files of ours: the workspace
+        # cannot be made there, whatever the free space says.
+        raise AdmissionError("IO_ERROR", "the workspace cannot be created on a filesystem without storage", path=os.fspath(root))
     free = vfs.f_bavail * vfs.f_frsize
     if needed + limits.free_disk_reserve > free:
         raise AdmissionError(
             "INSUFFICIENT_DISK",
-            f"admission needs {needed} bytes plus {limits.free_disk_reserve} reserve, {free} available",
+            f"{what} needs {needed} bytes plus {limits.free_disk_reserve} reserve, {free} available",
         )
 
 
@@ -1520,7 +1524,7 @@ def read_append_source(
             # The workspace's staging: trees of killed appends and admissions
             # go before this one needs the space (admit does the same).
             _remove_stale_staging(root)
-        _check_free_disk(root, sum(content.values()), limits)
+        _check_free_disk(root, sum(content.values()), limits, "append")
         staging = _Staging(root, "append", "source", remove_empty_root=False)
         try:
             files_dir = staging.path / "files"

@@ -244,7 +244,9 @@ def decode_strict(
     try:
         document, flagged = _parse(text)
     except json.JSONDecodeError as exc:
-        raise error("JSON_SYNTAX", f"{exc.msg} at line {exc.lineno} column {exc.colno}", path=path) from None
+        # json's messages for control characters already end in "at".
+        message = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+        raise error("JSON_SYNTAX", f"{message} at line {exc.lineno} column {exc.colno}", path=path) from None
     except (ValueError, RecursionError) as exc:  # belt and braces: never a bare traceback
         raise error("JSON_SYNTAX", str(exc), path=path) from None
     check_surrogates = _ESCAPED_SURROGATE_RE.search(text) is not None

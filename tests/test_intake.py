@@ -844,3 +844,14 @@ def test_admission_and_append_sources_check_their_contract_without_jsonschema(tm
         intake.admit(tmp_path / "ws2", "broken", broken, progress=QUIET)
     assert (exc.value.code, exc.value.path, exc.value.pointer) == ("MANIFEST_INVALID", "manifest.json", "/project/name")
     assert not (tmp_path / "ws2" / "cases" / "broken").exists()
+
+
+def test_a_workspace_on_a_filesystem_without_storage_is_an_io_error(tmp_path):
+    """/proc reports no free space: the workspace cannot be made there, which
+    is IO_ERROR, not INSUFFICIENT_DISK; nothing is created."""
+    workspace = Path("/proc") / f"viano-{os.getpid()}"
+    with pytest.raises(VianoError) as exc:
+        admit(workspace, "x", SAMPLE, progress=QUIET)
+    assert exc.value.code == "IO_ERROR", str(exc.value)
+    assert "without storage" in exc.value.message
+    assert not workspace.exists()

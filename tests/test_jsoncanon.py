@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import contracts
-from pipeline.errors import CaseBuildError, ResearchError
+from pipeline.errors import CaseBuildError, ResearchError, VianoError
 from pipeline.jsoncanon import (
     MAX_SAFE_INTEGER,
     canonical_bytes,
@@ -100,6 +100,9 @@ def test_23_control_characters_and_trailing_data():
     assert _fails(b'{"a":1,}') == ("JSON_SYNTAX", None)
     assert _fails(b"") == ("JSON_SYNTAX", None)
     assert decode_strict(b' \t\r\n{"a":"x\\u0001y"}\n', max_bytes=MiB) == {"a": "x\x01y"}
+    with pytest.raises(VianoError) as info:
+        decode_strict(b'{"a": "x\ty"}', max_bytes=MiB)
+    assert info.value.message == "Invalid control character at line 1 column 9"  # one "at", where it is
 
 
 # 24
