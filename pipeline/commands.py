@@ -196,8 +196,9 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     )
     if dropped:
         _progress(
-            f"note: {len(dropped)} input(s) listed before and not by this index are inherited "
-            f"(an inherited document that fails its contract is dropped with a SUPERSEDED_INPUT gap): "
+            f"note: {len(dropped)} input(s) the previous index listed and this one does not stay inherited, "
+            f"as do those of every earlier index and of the prior case (an inherited document that fails "
+            f"its contract is dropped with a SUPERSEDED_INPUT gap; doit status lists what the build reads): "
             + ", ".join(one_line(path) for path in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
         )
 
