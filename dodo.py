@@ -12,15 +12,20 @@ $VIANO_WORKSPACE or ./service-data):
     doit probes case=ID
 """
 
-from doit import create_after, get_var
-from doit.tools import config_changed
+from pipeline.doitcli import report_interrupts_on_one_line
 
-from pipeline import BUILDER_VERSION
-from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case
-from pipeline.cache import BuildCache
-from pipeline.doitcli import code_version, doit_config, guarded, subtask_name
-from pipeline.errors import VianoError
-from pipeline.workspace import Workspace, validate_id
+# First, so that a Ctrl-C while the rest loads is one INTERRUPTED line too.
+report_interrupts_on_one_line()
+
+from doit import create_after, get_var  # noqa: E402
+from doit.tools import config_changed  # noqa: E402
+
+from pipeline import BUILDER_VERSION  # noqa: E402
+from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case  # noqa: E402
+from pipeline.cache import BuildCache  # noqa: E402
+from pipeline.doitcli import code_version, doit_config, guarded, subtask_name  # noqa: E402
+from pipeline.errors import VianoError  # noqa: E402
+from pipeline.workspace import Workspace, validate_id  # noqa: E402
 
 CASE = get_var("case")
 WORKSPACE = get_var("workspace")

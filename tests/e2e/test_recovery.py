@@ -889,3 +889,33 @@ def test_a_failed_build_whose_dep_file_cannot_forget_the_task_is_one_coded_line(
     assert "warning: IO_ERROR: the build's dependency file was not saved" in built.stderr
     again = kit.doit("build", "case=c1", workspace=ws)
     _one_line_error(again, "JSON_DUPLICATE_KEY")
+
+
+def test_ctrl_c_while_the_dodo_file_loads_is_one_interrupted_line(tmp_path):
+    """Ctrl-C while the dodo file is still importing the pipeline (before
+    doit_config ran) is one INTERRUPTED line too, not a traceback."""
+    import signal
+
+    from pipeline.errors import ERROR_CODES
+
+    ws = _admitted(tmp_path)
+    ready = tmp_path / "ready"
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_pausing_import.py"), "pipeline.build", str(ready),
+         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.02)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode != 0
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.strip().splitlines() == [f"INTERRUPTED: {ERROR_CODES['INTERRUPTED']}"]
