@@ -494,6 +494,8 @@ def cmd_status(case=None, workspace=None) -> None:
     manifest = package.manifest(record.generation)
     _out(f"case: {case_id}")
     _out(f"package: {record.package_id}")
+    # Where the artifact paths below are (they are relative to it).
+    _out(f"content: {one_line(os.fspath(package.content_dir), 600)}")
     _out(f"state: {record.state}")
     if record.blocked:
         _out(f"blocked: {record.blocked}")

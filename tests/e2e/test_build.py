@@ -84,6 +84,10 @@ def test_build_publishes_case_summary_and_checkpoint(admitted):
     status = kit.doit("status", "case=c1", workspace=ws)
     assert "state: BUILDING_CASE" in status.stdout
     assert "publish: up to date" in status.stdout
+    # The artifact paths status prints are relative to the content directory it names.
+    content = kit.package_dir(ws, "c1") / "content"
+    assert f"content: {content}\n" in status.stdout
+    assert "artifact case: case/revisions/0001/case.json" in status.stdout and (content / "case/revisions/0001/case.json").is_file()
 
 
 def test_every_provenance_pointer_resolves_to_its_text(admitted):
