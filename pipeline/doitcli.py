@@ -390,6 +390,10 @@ def _tolerate_an_unsaved_dep_file() -> None:
     SqliteDB.remove = remove
 
 
+# sqlite's words for a file it cannot write (not for a locked or damaged one).
+_UNWRITABLE = ("disk is full", "disk I/O error", "readonly database", "unable to open database file")
+
+
 def _read_the_dep_file_in_one_query() -> None:
     """doit's sqlite3 backend asks the file for each task's record when the
     task is first checked: a query, and with it a lock and a hot-journal
@@ -412,8 +416,10 @@ def _read_the_dep_file_in_one_query() -> None:
     only ``doit forget`` clears an ignore, and it removes the whole record.)"""
     import sqlite3
 
+    from doit import dependency
     from doit.dependency import SqliteDB
 
+    DatabaseException = getattr(dependency, "DatabaseException", sqlite3.DatabaseError)
     if getattr(SqliteDB.__init__, "viano_one_query", False):
         return
     if not all(callable(getattr(SqliteDB, name, None)) for name in ("_sqlite3", "_get_task_data", "in_", "get", "set")):
@@ -423,7 +429,22 @@ def _read_the_dep_file_in_one_query() -> None:
     has_one = SqliteDB.in_
 
     def __init__(self, name, codec, *, module_name=None):
-        open_file(self, name, codec, module_name=module_name)
+        try:
+            open_file(self, name, codec, module_name=module_name)
+        except DatabaseException as error:
+            # doit names any failure to create its table a corrupt file; one
+            # that cannot be written (full disk, file size limit, read-only)
+            # is no reason to stop a build: it runs without the record, and
+            # the next build repeats its checks. A locked file is another
+            # program's, as doit says.
+            if not any(word in str(error) for word in _UNWRITABLE):
+                raise
+            sys.stderr.write(
+                f"warning: IO_ERROR: the build's dependency file cannot be written ({one_line(str(error).rsplit('Original error:', 1)[-1].strip())}); "
+                "the build goes on without it and the next build repeats its checks\n"
+            )
+            open_file(self, ":memory:", codec, module_name=module_name)
+            return
         if not isinstance(getattr(self, "_cache", None), dict) or getattr(self, "_conn", None) is None:
             return
         try:

@@ -919,3 +919,23 @@ def test_ctrl_c_while_the_dodo_file_loads_is_one_interrupted_line(tmp_path):
     assert child.returncode != 0
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines() == [f"INTERRUPTED: {ERROR_CODES['INTERRUPTED']}"]
+
+
+def test_a_build_that_cannot_write_its_dep_file_is_one_coded_line(tmp_path):
+    """A file size limit of zero (as a full disk) refuses every write: doit
+    cannot create its dependency file, which it calls corrupt, and the build
+    then fails where it first writes; one warning and one coded line, no
+    traceback, nothing published."""
+    import resource
+
+    ws = _admitted(tmp_path)
+    before = kit.tree_digest(ws / "cases")
+    result = subprocess.run(
+        ["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0)),
+    )
+    assert "warning: IO_ERROR: the build's dependency file cannot be written" in result.stderr, result.stderr
+    _one_line_error(result, "IO_ERROR")
+    assert kit.tree_digest(ws / "cases") == before
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
