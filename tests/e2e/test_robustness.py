@@ -211,3 +211,34 @@ def test_symlinked_content_is_refused(tmp_path):
     target.symlink_to(content / "moved")
     result = kit.doit("build", "case=c1", workspace=ws)
     assert result.returncode != 0 and "REFERENCE_UNSAFE" in result.stderr, result.stderr
+
+
+def _refused_at_planning(tmp_path, source) -> str:
+    """Admitted, then refused by the build's first step: the one coded line,
+    with every file and manifest byte-identical and nothing published."""
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws / "cases")
+    result = kit.doit("build", "case=c1", workspace=ws)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("LIMIT_EXCEEDED: ")]
+    assert result.returncode != 0 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert kit.tree_digest(ws / "cases") == before
+    assert len(kit.manifests(ws, "c1")) == 1
+    return lines[0]
+
+
+def test_24_more_structured_documents_than_the_limit_are_refused_before_parsing(tmp_path):
+    """RELIABILITY 24: 256 structured documents at most; the index counts."""
+    reports = {f"original/r{i:03d}.json": kit.report(f"R{i}") for i in range(256)}
+    source = kit.make_package(tmp_path / "src", files=reports, index=kit.index(reports=sorted(reports)))
+    line = _refused_at_planning(tmp_path, source)
+    assert "257 structured documents, limit 256" in line, line
+
+
+def test_24_structured_input_over_the_aggregate_limit_is_refused_before_parsing(tmp_path):
+    """RELIABILITY 24: 8 MiB of structured JSON in all, each document within its own 1 MiB."""
+    big = "x" * (1000 * 1000)
+    reports = {f"original/r{i}.json": kit.report(f"R{i}", summary=big) for i in range(9)}
+    source = kit.make_package(tmp_path / "src", files=reports, index=kit.index(reports=sorted(reports)))
+    line = _refused_at_planning(tmp_path, source)
+    assert "bytes of structured input, limit 8388608" in line, line
