@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import BUILDER_VERSION
 from .cache import BuildCache
-from .errors import CaseBuildError, IntegrityError, VianoError
+from .errors import CaseBuildError, IntegrityError, VianoError, one_line
 from .doitcli import file_version, remember_file_digest
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
@@ -462,13 +462,31 @@ def over_read_bound(size: int, document_bytes: int, reusing: bool) -> bool:
     return not reusing and size > document_bytes
 
 
+_HASH_PROGRESS_MIN = 64 << 20
+
+
+def _hash_progress(label: str, size: int):
+    """A line every 256 MiB or tenth of the file, as admission reports its copies."""
+    step = max(1, min(256 << 20, size // 10))
+    following = [step]
+
+    def report(_label: str, done: int) -> None:
+        if done >= following[0]:
+            _progress(f"hashing {label}: {done >> 20} / {size >> 20} MiB")
+            following[0] = (done // step + 1) * step
+
+    return report
+
+
 def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -> None:
     """hash_context: stream one opaque file, check its sha256/size, cache its REF."""
     ws = _workspace(workspace_root)
     package = _package(ws, case_id, package_id)
-    if size >= 64 * 1024 * 1024:
-        _progress(f"hashing {path} ({size} bytes)")
-    package.verify_file(path, manifest=_planned(path, sha256, size))
+    progress = None
+    if size >= _HASH_PROGRESS_MIN:
+        _progress(f"hashing {one_line(path)} ({size} bytes)")
+        progress = _hash_progress(one_line(path), size)
+    package.verify_file(path, manifest=_planned(path, sha256, size), progress=progress)
     cache = case_cache(ws, case_id)
     cache.write_json(cache.opaque(path, sha256, size), {"path": path, "sha256": sha256, "size": size})
 

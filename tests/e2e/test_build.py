@@ -741,3 +741,21 @@ def test_status_after_a_failed_build_says_assemble_and_render_would_run(tmp_path
     outlook = kit.doit("status", "case=c1", workspace=ws).stdout
     assert "  assemble: would run: inputs changed since the last case was assembled\n" in outlook, outlook
     assert "  render: would run: after assemble\n" in outlook, outlook
+
+
+def test_hashing_a_large_context_file_reports_progress(tmp_path):
+    """A context file of 64 MiB or more is hashed with a progress line every
+    tenth (or 256 MiB), as admission reports its copies."""
+    source = standard_package(tmp_path / "src")
+    with open(source / "original" / "runtime.log", "ab") as handle:
+        handle.truncate(65 << 20)  # the events file, grown to 65 MiB
+    ws = tmp_path / "ws"
+    admitted = kit.doit("admit", "case=c1", f"source={source}", workspace=ws)
+    assert admitted.returncode == 0, admitted.stderr
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    lines = [line for line in built.stderr.splitlines() if line.startswith("hashing original/runtime.log")]
+    assert lines[0] == f"hashing original/runtime.log ({65 << 20} bytes)", lines
+    mebibytes = [int(line.removeprefix("hashing original/runtime.log: ").split(" / ")[0]) for line in lines[1:]]
+    assert all(line.endswith(" / 65 MiB") for line in lines[1:]), lines
+    assert len(mebibytes) == 10 and mebibytes == sorted(mebibytes) and mebibytes[-1] == 65, lines
