@@ -28,6 +28,27 @@ def _cached_case_request_hash(cache: BuildCache, limit: int) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def _unconfirmed_publication(package, record, plan: dict) -> int | None:
+    """The generation after the store's that published this very case (its
+    ``case-built.json`` names this step and request) while the process that
+    wrote it died before confirming it, or None."""
+    from .jsoncanon import decode_strict
+
+    built = plan["outputs"]["case_built"]
+    try:
+        for generation in range(record.generation + 1, package.current_generation() + 1):
+            manifest = package.manifest(generation)
+            if built not in manifest["files"]:
+                continue
+            data = package.read_verified(built, 1 << 20, manifest=manifest)
+            record_of = decode_strict(data, max_bytes=1 << 20, path=built)
+            if record_of.get("step_id") == plan["step_id"] and record_of.get("request_hash") == plan["request_hash"]:
+                return generation
+    except (OSError, VianoError):
+        return None
+    return None
+
+
 def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
     """What the build would make of one structured input, from its cached record:
     a document refused when it was read stays refused (the record is a pure
@@ -68,8 +89,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     reusing = reuses_confirmed_case(cache)
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
-        record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
-        rows.append((f"read_input:{subtask_name(doc['path'])}", _read_input_outlook(cache, record, doc)))
+        input_record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
+        rows.append((f"read_input:{subtask_name(doc['path'])}", _read_input_outlook(cache, input_record, doc)))
     for ref in plan["opaque"]:
         cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()
         rows.append((f"hash_context:{subtask_name(ref['path'])}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))
@@ -101,7 +122,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         confirmed = store.confirmed(case_id, plan["step_id"])
     finally:
         store.close()
-    if confirmed is None:
+    published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
+    if published is not None:
+        rows.append(("publish", f"up to date: generation {published} published this case; the next command confirms it (no new generation)"))
+    elif confirmed is None:
         rows.append(("publish", f"would run: no confirmed case for {plan['step_id']}"))
     elif confirmed.request_hash == plan["request_hash"]:
         rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))

@@ -939,3 +939,17 @@ def test_a_build_that_cannot_write_its_dep_file_is_one_coded_line(tmp_path):
     _one_line_error(result, "IO_ERROR")
     assert kit.tree_digest(ws / "cases") == before
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+
+
+def test_status_after_a_publication_that_was_not_confirmed_says_the_next_command_confirms_it(tmp_path):
+    ws = _admitted(tmp_path)
+    crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "build:after-publish"})
+    assert crashed.returncode != 0
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert "package generations not yet taken in: 2..2" in status.stdout, status.stdout
+    assert ("  publish: up to date: generation 2 published this case; the next command confirms it (no new generation)\n"
+            in status.stdout), status.stdout
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert len(kit.manifests(ws, "c1")) == 2
+    assert "  publish: up to date: case-build/v1/r1 confirmed" in kit.doit("status", "case=c1", workspace=ws).stdout
