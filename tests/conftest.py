@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +12,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
 BIN = Path(sys.executable).parent
+
+# A suite started in the background by a non-interactive shell (`cmd &`)
+# inherits SIGINT ignored, and so would every process it starts (an ignored
+# signal stays ignored across exec): the Ctrl-C tests would wait for an
+# interrupt that never comes. A handled one is reset to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
