@@ -856,14 +856,18 @@ def test_a_command_waiting_for_the_case_lock_says_so_once(tmp_path):
             time.sleep(0.01)
         build = subprocess.Popen(["doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env())
-        time.sleep(2.5)
+        # The holder lets go only once the waiting command has said so (its
+        # first stderr line), however slowly this machine starts it.
+        first = build.stderr.readline()
     finally:
         holder.kill()
         holder.wait()
-    _, err = build.communicate(timeout=120)
+    _, rest = build.communicate(timeout=120)
+    err = first + rest
     assert build.returncode == 0, err
     waiting = [line for line in err.splitlines() if line.startswith("waiting for case c1:")]
     assert waiting == ["waiting for case c1: another command holds its lock (giving up after 60s)"], err
+    assert first.startswith("waiting for case c1:"), err
 
 
 def test_a_failed_build_whose_dep_file_cannot_forget_the_task_is_one_coded_line(tmp_path):
