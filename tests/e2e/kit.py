@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -149,3 +152,35 @@ def package_dir(workspace: Path, case_id: str, package_id="pkg-1") -> Path:
 
 def manifests(workspace: Path, case_id: str, package_id="pkg-1") -> list[Path]:
     return sorted((package_dir(workspace, case_id, package_id) / "manifests").glob("[0-9]*.json"))
+
+
+@contextlib.contextmanager
+def paused_doit(proc: str, proc_args: list[str], ready: Path, *args: str, workspace: Path):
+    """The real doit run through ``tests/procs/<proc>`` (which pauses it and
+    creates ``ready`` at a point of its own), yielded once it is paused
+    there; killed on the way out if the test left it running."""
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "procs" / proc), *proc_args,
+         "-f", str(REPO / "dodo.py"), "-d", str(REPO), *args, f"workspace={workspace}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.01)
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+
+
+def duplicate_key_append(root: Path) -> Path:
+    """An append source adding a report with a duplicate key to standard_package's inventory."""
+    return make_append(
+        root,
+        files={"original/dup.json": '{"format": "viano-bug-report", "format_version": 1, "title": "a", "title": "b"}'},
+        index=index(reports=["original/report-a.json", "original/report-b.json", "original/dup.json"],
+                    reproductions=["original/repro.json"]),
+    )

@@ -729,12 +729,7 @@ def test_status_after_a_failed_build_says_assemble_and_render_would_run(tmp_path
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert "  assemble: up to date\n  render: up to date\n" in kit.doit("status", "case=c1", workspace=ws).stdout
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
-    bad = kit.make_append(
-        tmp_path / "bad",
-        files={"original/dup.json": '{"format": "viano-bug-report", "format_version": 1, "title": "a", "title": "b"}'},
-        index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/dup.json"],
-                        reproductions=["original/repro.json"]),
-    )
+    bad = kit.duplicate_key_append(tmp_path / "bad")
     assert kit.doit("append", "case=c1", f"source={bad}", workspace=ws).returncode == 0
     failed = kit.doit("build", "case=c1", workspace=ws)
     assert failed.returncode != 0 and "JSON_DUPLICATE_KEY" in failed.stderr

@@ -481,22 +481,9 @@ def test_ctrl_c_in_a_build_is_one_interrupted_line_and_a_retry_completes_it(tmp_
 
     ws = _admitted(tmp_path)
     ready = tmp_path / "ready"
-    child = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "procs" / "doit_pausing.py"), "build:after-publish", str(ready),
-         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-            time.sleep(0.02)
+    with kit.paused_doit("doit_pausing.py", ["build:after-publish", str(ready)], ready, "build", "case=c1", workspace=ws) as child:
         child.send_signal(signal.SIGINT)  # published, not yet confirmed
         _, stderr = child.communicate(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
     assert child.returncode != 0
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines()[-1].startswith("INTERRUPTED: ")
@@ -878,12 +865,7 @@ def test_a_failed_build_whose_dep_file_cannot_forget_the_task_is_one_coded_line(
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
-    bad = kit.make_append(
-        tmp_path / "bad",
-        files={"original/dup.json": '{"format": "viano-bug-report", "format_version": 1, "title": "a", "title": "b"}'},
-        index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/dup.json"],
-                        reproductions=["original/repro.json"]),
-    )
+    bad = kit.duplicate_key_append(tmp_path / "bad")
     assert kit.doit("append", "case=c1", f"source={bad}", workspace=ws).returncode == 0
     assert kit.doit("build", "case=c1", workspace=ws).returncode != 0  # the dep file now holds records of this revision
     with _sqlite_held_by_another_process(ws / ".cache" / "c1" / "doit.sqlite3"):
@@ -904,22 +886,9 @@ def test_ctrl_c_while_the_dodo_file_loads_is_one_interrupted_line(tmp_path):
 
     ws = _admitted(tmp_path)
     ready = tmp_path / "ready"
-    child = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "procs" / "doit_pausing_import.py"), "pipeline.build", str(ready),
-         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-            time.sleep(0.02)
+    with kit.paused_doit("doit_pausing_import.py", ["pipeline.build", str(ready)], ready, "build", "case=c1", workspace=ws) as child:
         child.send_signal(signal.SIGINT)
         _, stderr = child.communicate(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
     assert child.returncode != 0
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines() == [f"INTERRUPTED: {ERROR_CODES['INTERRUPTED']}"]

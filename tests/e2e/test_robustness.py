@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -255,16 +253,8 @@ def test_42_an_input_changed_while_its_task_reads_it_is_an_integrity_error(tmp_p
     assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
     target = kit.package_dir(ws, "c1") / "content" / "original" / "report-a.json"
     ready, go = tmp_path / "ready", tmp_path / "go"
-    child = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "procs" / "doit_pausing_open.py"),
-         "original/report-a.json", str(ready), str(go), "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-            time.sleep(0.01)
+    with kit.paused_doit("doit_pausing_open.py", ["original/report-a.json", str(ready), str(go)], ready,
+                         "build", "case=c1", workspace=ws) as child:
         data = bytearray(target.read_bytes())
         data[data.index(b"Switch")] = ord("s")  # one byte, same size
         fd = os.open(target, os.O_WRONLY)
@@ -275,10 +265,6 @@ def test_42_an_input_changed_while_its_task_reads_it_is_an_integrity_error(tmp_p
         before = kit.tree_digest(ws / "cases")
         go.touch()
         _, stderr = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
     lines = [line for line in stderr.splitlines() if line.startswith("INTEGRITY_ERROR: ")]
     assert child.returncode != 0 and len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].endswith("(original/report-a.json)"), lines[0]
