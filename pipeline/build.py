@@ -213,6 +213,14 @@ def case_cache(ws, case_id: str) -> BuildCache:
 
     cache_dir = ws.cache_dir(case_id)
     refuse_symlinks(ws, f".cache/{cache_dir.name}")
+    try:
+        linked = [entry.name for entry in os.scandir(cache_dir) if entry.is_symlink()]
+    except OSError:
+        linked = []  # not made yet
+    if linked:
+        # Its records and outputs (out/, documents/, the dep file, ...) are
+        # written where they stand.
+        refuse_symlinks(ws, f".cache/{cache_dir.name}/{sorted(linked)[0]}")
     return BuildCache(cache_dir)
 
 

@@ -437,10 +437,11 @@ def _read_the_dep_file_in_one_query() -> None:
             # is no reason to stop a build: it runs without the record, and
             # the next build repeats its checks. A locked file is another
             # program's, as doit says.
-            if not any(word in str(error) for word in _UNWRITABLE):
+            cause = str(error).rsplit("Original error:", 1)[-1]  # doit's text names the path too
+            if not any(word in cause for word in _UNWRITABLE):
                 raise
             sys.stderr.write(
-                f"warning: IO_ERROR: the build's dependency file cannot be written ({one_line(str(error).rsplit('Original error:', 1)[-1].strip())}); "
+                f"warning: IO_ERROR: the build's dependency file cannot be written ({one_line(cause.strip())}); "
                 "the build goes on without it and the next build repeats its checks\n"
             )
             open_file(self, ":memory:", codec, module_name=module_name)

@@ -15,17 +15,36 @@ from .plan import make_plan
 __all__ = ["build_outlook"]
 
 
-def _cached_case_request_hash(cache: BuildCache, limit: int) -> str | None:
-    """The request hash the cached case was assembled for, None if it cannot be read."""
+def _cached_bytes(path, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+def _cached_case(cache: BuildCache, limit: int) -> dict | None:
+    """The cached case, None if it cannot be read."""
     import msgspec
 
+    data = _cached_bytes(cache.case_json, limit)
     try:
-        with open(cache.case_json, "rb") as handle:
-            data = handle.read(limit + 1)
-        found = msgspec.json.decode(data)["case"]["request_hash"] if len(data) <= limit else None
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, msgspec.DecodeError):
+        case = msgspec.json.decode(data) if data is not None else None
+    except (ValueError, RecursionError, msgspec.DecodeError):
         return None
-    return found if isinstance(found, str) else None
+    return case if isinstance(case, dict) else None
+
+
+def _rendered_from(case: dict, cache: BuildCache, limit: int) -> bool:
+    """Whether the cached summary is the render of this case (render is pure)."""
+    from .summary import render_summary
+
+    data = _cached_bytes(cache.summary, limit)
+    try:
+        return data is not None and render_summary(case).encode("utf-8") == data
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return False
 
 
 def _unconfirmed_publication(package, record, plan: dict) -> int | None:
@@ -76,8 +95,14 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("build", "would fail: ILLEGAL_TRANSITION (the case is BLOCKED)"))
         return rows
     read_index, read_prior_case = document_readers(package, limits)
+    # The build takes in generations the store has not recorded yet before
+    # it plans; so does this outlook (without recording them).
     try:
-        plan = make_plan(package, record.generation, limits, read_index=read_index, read_prior_case=read_prior_case)
+        planned_generation = max(record.generation, package.current_generation())
+    except VianoError:
+        planned_generation = record.generation
+    try:
+        plan = make_plan(package, planned_generation, limits, read_index=read_index, read_prior_case=read_prior_case)
     except VianoError as error:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
@@ -99,11 +124,15 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     except (OSError, VianoError):
         cached_plan = None
     # A failed build has planned these inputs already; the cached case is
-    # current only if it was assembled from them.
+    # current only if it was assembled from them, and the cached summary
+    # only if it is that case's render.
+    case = _cached_case(cache, plan["limits"]["case_bytes"]) if cache.case_json.exists() else None
     same_inputs = (
         cached_plan is not None
         and cached_plan.get("request_hash") == plan["request_hash"]
-        and _cached_case_request_hash(cache, plan["limits"]["case_bytes"]) == plan["request_hash"]
+        and isinstance(case, dict)
+        and isinstance(case.get("case"), dict)
+        and case["case"].get("request_hash") == plan["request_hash"]
     )
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))
@@ -115,6 +144,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", "would run: no cached output"))
     elif not same_inputs:
         rows.append(("render", "would run: after assemble"))
+    elif not _rendered_from(case, cache, plan["limits"]["summary_bytes"]):
+        rows.append(("render", "would run: the cached summary is not the cached case's"))
     else:
         rows.append(("render", "up to date"))
     store = open_existing_store(ws, case_id)

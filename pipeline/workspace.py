@@ -200,8 +200,8 @@ def refuse_symlinks(workspace: Workspace, *relpaths: str) -> None:
             seen.add(done)
             try:
                 mode = os.lstat(os.path.join(workspace.root, done)).st_mode
-            except (FileNotFoundError, NotADirectoryError):
-                break
+            except OSError:
+                break  # absent, or not ours to look at: whatever opens it next says so with its code
             if stat.S_ISLNK(mode):
                 raise CaseBuildError(
                     "REFERENCE_UNSAFE", "a workspace directory or file is a symlink; the workspace never follows one", path=done

@@ -926,3 +926,49 @@ def test_status_after_a_publication_that_was_not_confirmed_says_the_next_command
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert len(kit.manifests(ws, "c1")) == 2
     assert "  publish: up to date: case-build/v1/r1 confirmed" in kit.doit("status", "case=c1", workspace=ws).stdout
+
+
+def test_status_plans_generations_the_store_has_not_taken_in_yet(tmp_path):
+    """An append whose process died after publishing its manifest: the next
+    build takes that generation in before it plans, and so does status."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = _report_append(tmp_path, "late", ["original/report-a.json", "original/report-b.json"])
+    crashed = kit.doit("append", "case=c1", f"source={extra}", workspace=ws, env_extra={"VIANO_CRASH_AT": "publish:after-manifest-link"})
+    assert crashed.returncode != 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "package generations not yet taken in" in outlook, outlook
+    assert "read_input:original/late.json: would run" in outlook, outlook
+    assert "  assemble: would run" in outlook, outlook
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and "read_input:original/late.json" in built.stderr, built.stderr
+
+
+def test_status_says_render_would_run_when_the_summary_is_not_the_cached_case_s(tmp_path):
+    """assemble ran alone (or render failed, or a Ctrl-C came between them):
+    the cached summary is the previous case's, so render would run."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = _report_append(tmp_path, "more", ["original/report-a.json", "original/report-b.json"])
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    assert kit.doit("assemble", "case=c1", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: up to date\n" in outlook, outlook
+    assert "  render: would run: the cached summary is not the cached case's\n" in outlook, outlook
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and ".  render" in built.stderr, built.stderr
+    assert "  render: up to date\n" in kit.doit("status", "case=c1", workspace=ws).stdout
+
+
+@pytest.mark.parametrize("entry", ["out", "documents", "doit.sqlite3"])
+def test_a_symlinked_entry_of_the_case_cache_is_refused(tmp_path, entry):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    moved = tmp_path / f"outside-{entry}"
+    (ws / ".cache" / "c1" / entry).rename(moved)
+    os.symlink(moved, ws / ".cache" / "c1" / entry)
+    result = kit.doit("build", "case=c1", workspace=ws)
+    line = _one_line_error(result, "REFERENCE_UNSAFE")
+    assert f"(.cache/c1/{entry})" in line, line
