@@ -995,6 +995,8 @@ def _check_free_disk(root: Path, needed: int, limits: ZipLimits, what: str = "ad
         probe = probe.parent
     vfs = os.statvfs(probe)
     if vfs.f_blocks == 0:
+        if _device_is_tmpfs(os.stat(probe).st_dev):
+            return  # a tmpfs mounted without a size limit: nothing to check against
         # /proc, /sys and their kind hold no files of ours: the workspace
         # cannot be made there, whatever the free space says.
         raise AdmissionError("IO_ERROR", "the workspace cannot be created on a filesystem without storage", path=os.fspath(root))

@@ -855,3 +855,24 @@ def test_a_workspace_on_a_filesystem_without_storage_is_an_io_error(tmp_path):
     assert exc.value.code == "IO_ERROR", str(exc.value)
     assert "without storage" in exc.value.message
     assert not workspace.exists()
+
+
+def test_a_tmpfs_without_a_size_limit_is_not_short_of_disk(tmp_path, monkeypatch):
+    """A tmpfs mounted with size=0 reports no blocks at all, like /proc; it
+    has no limit to check against, so the free-space check lets it be."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and intake._device_is_tmpfs(os.stat(shm).st_dev)):
+        pytest.fail("this test needs /dev/shm on tmpfs, as on every Linux the suite runs on")
+    real = os.statvfs
+
+    def unlimited(path):
+        found = real(path)
+        if os.path.realpath(path) == str(shm):
+            return os.statvfs_result((found.f_bsize, found.f_frsize, 0, 0, 0, 0, 0, 0, found.f_flag, found.f_namemax))
+        return found
+
+    monkeypatch.setattr(os, "statvfs", unlimited)
+    intake._check_free_disk(shm / f"viano-{os.getpid()}", 1 << 30, intake.ZipLimits())  # no error
+    with pytest.raises(VianoError) as exc:
+        intake._check_free_disk(Path("/proc") / f"viano-{os.getpid()}", 1, intake.ZipLimits())
+    assert exc.value.code == "IO_ERROR"
