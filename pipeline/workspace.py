@@ -151,8 +151,15 @@ class Workspace:
     @classmethod
     def from_var(cls, value: str | None) -> "Workspace":
         """The workspace named by a command variable, else ``$VIANO_WORKSPACE``, else
-        ``service-data``; a relative one is taken from where the command was run."""
-        if value is None or value == "":
+        ``service-data``; a relative one is taken from where the command was run.
+
+        ``workspace=`` given empty is refused (``INVALID_ARGUMENT``) rather than
+        read as "the default": it is what ``workspace=$DIR`` gives when ``DIR``
+        is unset, and the default may be another workspace than the one meant.
+        An empty ``$VIANO_WORKSPACE`` counts as unset, as shells treat it."""
+        if value is not None and value.strip() == "":
+            raise VianoError("INVALID_ARGUMENT", "workspace= is empty: leave it out for $VIANO_WORKSPACE or ./service-data")
+        if value is None:
             value = os.environ.get(WORKSPACE_ENV) or DEFAULT_WORKSPACE
         return cls(user_path(value))
 

@@ -127,6 +127,22 @@ def test_workspace_from_var(tmp_path, monkeypatch):
     assert Workspace.from_var(str(tmp_path / "abs")).root == tmp_path / "abs"
 
 
+@pytest.mark.parametrize("given", ["", " ", "\t"])
+def test_an_empty_workspace_variable_is_refused_not_taken_for_the_default(tmp_path, monkeypatch, given):
+    # workspace=$DIR with DIR unset must not quietly pick ./service-data.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VIANO_WORKSPACE", raising=False)
+    with pytest.raises(VianoError) as info:
+        Workspace.from_var(given)
+    assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_an_empty_environment_variable_counts_as_unset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VIANO_WORKSPACE", "")
+    assert Workspace.from_var(None).root == tmp_path / "service-data"
+
+
 # ---------------------------------------------------------------- open_nofollow
 
 

@@ -972,3 +972,19 @@ def test_a_symlinked_entry_of_the_case_cache_is_refused(tmp_path, entry):
     result = kit.doit("build", "case=c1", workspace=ws)
     line = _one_line_error(result, "REFERENCE_UNSAFE")
     assert f"(.cache/c1/{entry})" in line, line
+
+
+def test_every_command_refuses_an_empty_workspace_variable_and_creates_no_default_one(tmp_path):
+    # `workspace=$DIR` with DIR unset: the default ./service-data (here, the
+    # directory the command runs in) may be another workspace than the one meant.
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T")}, index=kit.index(reports=["original/r.json"]))
+    run_in = tmp_path / "cwd"
+    run_in.mkdir()
+    for args in (("admit", "case=c1", f"source={source}"), ("build", "case=c1"), ("status", "case=c1"),
+                 ("append", "case=c1", f"source={source}"), ("reopen", "case=c1", "by=human:a", "reason=r"),
+                 ("export", "case=c1", f"dest={tmp_path / 'out'}"), ("probes", "case=c1")):
+        result = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), *args, "workspace="],
+                                capture_output=True, text=True, env=doit_env(), cwd=run_in, timeout=120)
+        line = _one_line_error(result, "INVALID_ARGUMENT")
+        assert "workspace= is empty" in line, (args, line)
+    assert list(run_in.iterdir()) == [] and not (tmp_path / "out").exists()
