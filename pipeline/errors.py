@@ -61,7 +61,7 @@ ERROR_CODES: dict[str, str] = {
     "JSON_ENCODING": "not UTF-8 (BOM, UTF-16, invalid bytes or lone surrogates)",
     "JSON_SYNTAX": "malformed JSON, raw control characters or trailing data",
     "JSON_DUPLICATE_KEY": "an object repeats a key",
-    "JSON_NUMBER": "NaN, Infinity, or a number outside the interoperable range",
+    "JSON_NUMBER": "NaN, Infinity, or a number outside the interoperable range: an integer beyond ±(2^53-1), a float that overflows a double (`1e400`) or a nonzero one that would read as zero (`1e-400`)",
     "JSON_TOO_DEEP": "nesting deeper than the depth limit",
     "LIMIT_EXCEEDED": "a size or count limit was exceeded before parsing",
     "SCHEMA_VIOLATION": "the document does not conform to its contract",

@@ -129,6 +129,19 @@ def _max_depth_exceeded(text: str, max_depth: int) -> bool:
     return False
 
 
+def float_literal_problem(literal: str, value: float) -> str | None:
+    """Why a JSON number ``literal`` that parses to ``value`` is outside what
+    a double holds, or None. Beyond the largest double it would read as
+    infinity; a nonzero number below the smallest subnormal (``1e-400``)
+    would read as zero, a different value silently put in its place. Mere
+    rounding (``0.1``, ``3.14159265358979323846``) is not a problem."""
+    if not math.isfinite(value):
+        return f"number {literal[:40]} overflows a double"
+    if value == 0.0 and not literal.split("e", 1)[0].split("E", 1)[0].strip("-+0.") == "":
+        return f"number {literal[:40]} underflows a double (it would read as zero)"
+    return None
+
+
 def _parse(text: str) -> tuple[Any, bool]:
     """Parse with hooks that mark, never raise; returns (document, had_problem)."""
     flagged = [False]
@@ -158,9 +171,10 @@ def _parse(text: str) -> tuple[Any, bool]:
 
     def parse_float(literal):
         value = float(literal)
-        if not math.isfinite(value):
+        problem = float_literal_problem(literal, value)
+        if problem is not None:
             flagged[0] = True
-            return _Problem("JSON_NUMBER", f"number {literal[:40]} overflows a double")
+            return _Problem("JSON_NUMBER", problem)
         return value
 
     document = json.loads(
@@ -223,8 +237,9 @@ def decode_strict(
     deeper than ``max_depth`` (``JSON_TOO_DEEP``); malformed JSON, raw control
     characters or trailing data (``JSON_SYNTAX``); then, reported at the first
     offending pointer in document order, duplicate keys
-    (``JSON_DUPLICATE_KEY``), NaN/Infinity, overflowing floats and integers
-    beyond +/-(2^53-1) (``JSON_NUMBER``), and lone surrogates (``JSON_ENCODING``).
+    (``JSON_DUPLICATE_KEY``), NaN/Infinity, floats that overflow or underflow
+    to zero, integers beyond +/-(2^53-1) (``JSON_NUMBER``), and lone
+    surrogates (``JSON_ENCODING``).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("decode_strict takes bytes")

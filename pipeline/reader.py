@@ -12,8 +12,9 @@ The fast path (msgspec, C speed) and why each step is sufficient:
 1. ``msgspec.json.decode`` (untyped) gives the value to return. It refuses
    everything decode_strict refuses at the byte level except what steps 3-5
    cover: BOM, NUL, invalid UTF-8, lone surrogates (escaped or encoded), raw
-   control characters, trailing data, NaN/Infinity, floats that overflow
-   (``1e400``), integers beyond 64 bits; it parses numbers to the same
+   control characters, trailing data, NaN/Infinity; every float goes
+   through a hook that sends one that overflows (``1e400``) or underflows
+   to zero (``1e-400``) to the slow path; it parses numbers to the same
    Python ``int``/``float`` values as :mod:`json`.
 2. ``msgspec.convert`` into the contract's Struct (``contracts.structs``),
    which mirrors the schema and bounds every typed integer to +/-(2^53-1).
@@ -39,11 +40,22 @@ import msgspec
 import contracts
 from contracts.structs import MAX_SAFE_INTEGER, STRUCTS
 from pipeline.errors import CaseBuildError, VianoError
-from pipeline.jsoncanon import DEFAULT_MAX_DEPTH, decode_strict
+from pipeline.jsoncanon import DEFAULT_MAX_DEPTH, decode_strict, float_literal_problem
 
 __all__ = ["read_document", "read_document_slow", "read_fast"]
 
-_decode_untyped = msgspec.json.Decoder().decode
+
+
+def _checked_float(literal: str) -> float:
+    # Every float of the document passes here as its literal: msgspec itself
+    # refuses 1e400 but reads 1e-400 as 0.0, which the slow path refuses.
+    value = float(literal)
+    if float_literal_problem(literal, value) is not None:
+        raise ValueError("not sure: the slow path names the number")
+    return value
+
+
+_decode_untyped = msgspec.json.Decoder(float_hook=_checked_float).decode
 _encode = msgspec.json.Encoder().encode
 
 _STATEMENT_LISTS = {

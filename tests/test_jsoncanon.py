@@ -60,12 +60,27 @@ def test_20_numbers_outside_the_interoperable_range():
     assert _fails(b'{"i":' + b"7" * 5000 + b"}") == ("JSON_NUMBER", "/i")
     assert _fails(b'{"i":9007199254740992}') == ("JSON_NUMBER", "/i")
     assert _fails(b'{"i":[-9007199254740992]}') == ("JSON_NUMBER", "/i/0")
-    assert decode_strict(b"[9007199254740991,-9007199254740991,1e-400,1.5e308]", max_bytes=MiB) == [
+    # The edges themselves are kept: the largest safe integers, the smallest
+    # subnormal and a double near the largest.
+    assert decode_strict(b"[9007199254740991,-9007199254740991,5e-324,1.5e308]", max_bytes=MiB) == [
         MAX_SAFE_INTEGER,
         -MAX_SAFE_INTEGER,
-        0.0,
+        5e-324,
         1.5e308,
     ]
+
+
+@pytest.mark.parametrize("literal", [b"1e-400", b"-1E-400", b"1e-0400", b"0.00001e-320", b"0." + b"0" * 400 + b"1", b"2.4e-324"])
+def test_20_a_nonzero_number_that_would_read_as_zero_is_refused(literal):
+    # Replacing a supplied value by 0.0 would be as silent as reading 1e400 as infinity.
+    assert _fails(b'{"f":[' + literal + b"]}") == ("JSON_NUMBER", "/f/0")
+
+
+@pytest.mark.parametrize("literal", [b"0e-400", b"-0.0", b"0.000", b"1e-320", b"5e-324", b"2.5e-324", b"1e-300"])
+def test_20_zero_and_subnormal_numbers_are_kept(literal):
+    import json as stdlib_json
+
+    assert decode_strict(b'{"f":' + literal + b"}", max_bytes=1 << 20) == {"f": stdlib_json.loads(literal)}
 
 
 # 21

@@ -196,6 +196,9 @@ HOSTILE = [
     ("reproduction", _fact(b"-Infinity"), "JSON_NUMBER", "/facts/0/value"),
     # 20 overflowing floats, huge integers, beyond +/-(2^53-1)
     ("reproduction", _fact(b"1e400"), "JSON_NUMBER", "/facts/0/value"),
+    ("reproduction", _fact(b"[1.5,1e-400]"), "JSON_NUMBER", "/facts/0/value/1"),
+    ("bug-report", _claim(b'{"t":-0.' + b"0" * 330 + b'7}'), "JSON_NUMBER", "/observations/0/claim/value/t"),
+    ("bug-report", R + b',"x-ext":1E-999}', "JSON_NUMBER", "/x-ext"),
     ("reproduction", _fact(b"1" * 5000), "JSON_NUMBER", "/facts/0/value"),
     ("reproduction", _fact(b"9007199254740992"), "JSON_NUMBER", "/facts/0/value"),
     ("reproduction", _fact(b'{"n":-9007199254740992}'), "JSON_NUMBER", "/facts/0/value/n"),
