@@ -1158,7 +1158,16 @@ def step_publish(workspace_root, case_id) -> BuildResult:
                 _plan_stays_current(cache, package, store.get(case_id), plan)
         finally:
             store.close()
-    cache.write_json(cache.published, {"request_hash": plan["request_hash"], "step_id": plan["step_id"], **result})
+    try:
+        cache.write_json(cache.published, {"request_hash": plan["request_hash"], "step_id": plan["step_id"], **result})
+    except OSError as error:
+        # The case is published and confirmed; this is only the cache's note
+        # of it. Without it the next build checks the store again, and
+        # report_build reads the confirmation from the store.
+        with contextlib.suppress(OSError):
+            cache.published.unlink(missing_ok=True)
+        _progress(f"warning: IO_ERROR: the build cache's note of the publication was not written ({one_line(error.strerror or str(error))}); "
+                  "the case is published and confirmed")
     return result
 
 
@@ -1249,7 +1258,20 @@ def report_build(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
     plan = cache.read_json(cache.plan)
-    published = cache.read_json(cache.published)
+    try:
+        published = cache.read_json(cache.published)
+    except (OSError, VianoError):
+        published = None
+    if published is None or published.get("request_hash") != plan["request_hash"]:
+        # The note was not written (see step_publish): the store has it.
+        store = _store(ws)
+        try:
+            confirmed = store.confirmed(case_id, plan["step_id"])
+        finally:
+            store.close()
+        if confirmed is None or confirmed.request_hash != plan["request_hash"]:
+            raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
+        published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
     sys.stdout.write(
         f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
         f"{published['case_summary']} confirmed at generation {published['generation']} "
@@ -1276,6 +1298,11 @@ class CaseBuilder:
             raise
         except VianoError as error:
             raise CaseBuildError(error.code, error.message, path=error.path, pointer=error.pointer) from error
+        except OSError as error:
+            # The environment failed (disk full, permissions): the code the
+            # command line gives it too (doitcli.io_error_line).
+            where = None if error.filename is None else os.fspath(error.filename)
+            raise CaseBuildError("IO_ERROR", error.strerror or str(error), path=where) from error
 
     def _build(self, case_id: str, package_id: str | None) -> BuildResult:
         ws = self.store.workspace

@@ -38,6 +38,7 @@ Storage guarantees, and their limits:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -460,8 +461,16 @@ def _link_new(
         if crash_after_link:
             crashpoint(crash_after_link)
         if temp_present:
-            os.unlink(temp, dir_fd=dir_fd)
+            # Published already, under its name, so no failure here may undo
+            # or fail the publication: the temp is only a second name of the
+            # same complete file. One more try for a passing fault; a temp
+            # that stays is removed by cleanup_orphans once this process is gone.
             temp_present = False
+            try:
+                os.unlink(temp, dir_fd=dir_fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=dir_fd)
         try:
             os.fsync(dir_fd)
         except OSError as exc:

@@ -988,3 +988,25 @@ def test_every_command_refuses_an_empty_workspace_variable_and_creates_no_defaul
         line = _one_line_error(result, "INVALID_ARGUMENT")
         assert "workspace= is empty" in line, (args, line)
     assert list(run_in.iterdir()) == [] and not (tmp_path / "out").exists()
+
+
+def test_a_publication_note_that_cannot_be_written_fails_no_build_that_published(tmp_path):
+    # The cache's published.json is only a note of what the store confirmed:
+    # a build whose note cannot be written (here a directory stands in its
+    # way) still succeeds, names the confirmed generation from the store, and
+    # publishes nothing twice.
+    ws = _admitted(tmp_path)
+    first = kit.doit("build", "case=c1", workspace=ws)
+    assert first.returncode == 0, first.stderr
+    note = ws / ".cache" / "c1" / "out" / "published.json"
+    note.unlink()
+    note.mkdir()
+    (note / "keep").write_text("x")
+    before = kit.tree_digest(ws)
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr
+    assert "warning: IO_ERROR: the build cache's note of the publication was not written" in again.stderr
+    confirmed = [line for line in again.stdout.splitlines() if line.startswith("case c1 revision 1: ")]
+    assert confirmed == [line for line in first.stdout.splitlines() if line.startswith("case c1 revision 1: ")]
+    assert kit.tree_digest(ws) == before
