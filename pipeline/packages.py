@@ -217,7 +217,8 @@ def _hash_direct(twin: int, progress: Progress | None, label: str) -> tuple[str,
     import queue
     import threading
 
-    buffers = [mmap.mmap(-1, _DIRECT_CHUNK) for _ in range(_DIRECT_RING)]
+    # Private, as the admission's ring (intake.new_ring): cheaper to fault in.
+    buffers = [mmap.mmap(-1, _DIRECT_CHUNK, flags=mmap.MAP_PRIVATE) for _ in range(_DIRECT_RING)]
     free: queue.SimpleQueue = queue.SimpleQueue()
     filled: queue.SimpleQueue = queue.SimpleQueue()
     for index in range(_DIRECT_RING):
