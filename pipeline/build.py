@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import BUILDER_VERSION
 from .cache import BuildCache
-from .errors import CaseBuildError, IntegrityError, VianoError, one_line
+from .errors import CaseBuildError, IntegrityError, VianoError, coded_io_error, one_line
 from .doitcli import file_version, remember_file_digest
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
@@ -1299,10 +1299,8 @@ class CaseBuilder:
         except VianoError as error:
             raise CaseBuildError(error.code, error.message, path=error.path, pointer=error.pointer) from error
         except OSError as error:
-            # The environment failed (disk full, permissions): the code the
-            # command line gives it too (doitcli.io_error_line).
-            where = None if error.filename is None else os.fspath(error.filename)
-            raise CaseBuildError("IO_ERROR", error.strerror or str(error), path=where) from error
+            # The environment failed: the code the command line gives it too.
+            raise coded_io_error(error, CaseBuildError) from error
 
     def _build(self, case_id: str, package_id: str | None) -> BuildResult:
         ws = self.store.workspace

@@ -9,12 +9,13 @@ progress on stderr.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sys
 from pathlib import Path
 
-from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError, one_line
+from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError, coded_io_error, one_line
 from .jsoncanon import CASE_MAX_DEPTH, decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .workspace import user_path
@@ -36,6 +37,24 @@ OPERATOR_SOURCE_RE = re.compile(
     r"|system:[A-Za-z0-9][A-Za-z0-9._-]{0,127})$"
 )
 _REASON_LIMIT = 4096
+
+
+def _coded(command):
+    """A command whose environment fails (disk full, permissions) raises
+    ``IO_ERROR`` in-process too, as ``doitcli.guarded`` reports it on the
+    command line. A reader gone away (``doit status | head``) stays a
+    ``BrokenPipeError``: the command line ends quietly then."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise coded_io_error(error) from None
+
+    return run
 
 
 def _required(value, name: str) -> str:
@@ -99,6 +118,7 @@ def _progress(line: str) -> None:
 # ------------------------------------------------------------------ admit
 
 
+@_coded
 def cmd_admit(case=None, source=None, workspace=None) -> None:
     """Admit a ZIP or directory bug package as a new case (state VALIDATED)."""
     from .intake import admit
@@ -118,6 +138,7 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
 # ------------------------------------------------------------------ append
 
 
+@_coded
 def cmd_append(case=None, source=None, workspace=None) -> None:
     """Add new files and a returning case-inputs index as a new generation."""
     from .intake import read_append_source, refuse_source_holding
@@ -349,6 +370,7 @@ def _check_prior_roles_kept(index: dict, package, manifest: dict, revision: int,
 # ------------------------------------------------------------------ reopen
 
 
+@_coded
 def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     """Open a new analysis revision on a built or completed case."""
     from .build import leave_prior_view
@@ -365,6 +387,15 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     store = _existing_store(ws, case_id)
     try:
         with _caught_up(ws, store, case_id) as (record, package):
+            if record.state == "REOPENED" and _reopened_by(store, case_id, source, text):
+                # This very reopen is in already (a retry after a failure
+                # that came once it was published): say so, as a repeated
+                # append does, instead of refusing a second reopen.
+                _out(
+                    f"case {case_id} is already reopened by this request: analysis revision {record.analysis_revision}, "
+                    f"generation {record.generation}, state REOPENED"
+                )
+                return
             built = store.confirmed(case_id, step_id_for(record.analysis_revision))
             if not (record.state == "COMPLETED" or (record.state == "BUILDING_CASE" and built is not None)):
                 raise LifecycleError(
@@ -400,9 +431,23 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     )
 
 
+def _reopened_by(store, case_id: str, source: str, reason: str) -> bool:
+    """Whether the case's last checkpoint is a reopen by ``source`` for ``reason``."""
+    checkpoints = store.checkpoints(case_id)
+    last = checkpoints[-1] if checkpoints else None
+    return (
+        last is not None
+        and last.transition == "reopen"
+        and isinstance(last.detail, dict)
+        and last.detail.get("by") == source
+        and last.detail.get("reason") == reason
+    )
+
+
 # ------------------------------------------------------------------ export
 
 
+@_coded
 def cmd_export(case=None, dest=None, workspace=None) -> None:
     """Copy the current case.json, case_summary.md and manifest to ``dest``."""
     from .packages import write_durable
@@ -478,6 +523,7 @@ def _publishing_manifest(package, generation: int, case_path: str) -> dict:
 # ------------------------------------------------------------------ status
 
 
+@_coded
 def cmd_status(case=None, workspace=None) -> None:
     """Print state, revision, generation, artifacts, checkpoints and the build outlook."""
     from .packages import Package
@@ -521,6 +567,7 @@ def cmd_status(case=None, workspace=None) -> None:
 # ------------------------------------------------------------------ probes
 
 
+@_coded
 def cmd_probes(case=None, workspace=None) -> int:
     """Print the two probe candidates for an unresolved built case, or say none."""
     from .packages import Package

@@ -33,7 +33,7 @@ from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from .errors import ERROR_CODES, VianoError, one_line
+from .errors import ERROR_CODES, VianoError, coded_io_error, one_line
 
 __all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "BUILD_TASKS"]
 
@@ -339,8 +339,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
 
 def io_error_line(error: OSError) -> str:
     """``IO_ERROR: reason (file)`` on one line, for a failing environment."""
-    where = f" ({one_line(str(error.filename))})" if error.filename else ""
-    return f"IO_ERROR: {one_line(error.strerror or str(error))}{where}"
+    return str(coded_io_error(error))
 
 
 def _tolerate_an_unsaved_dep_file() -> None:

@@ -46,7 +46,7 @@ ERROR_CODES: dict[str, str] = {
     "ZIP_RATIO": "an entry's compression ratio exceeds the limit",
     "ZIP_TOO_MANY_ENTRIES": "the archive holds more entries than allowed",
     "ZIP_CRC_MISMATCH": "an entry's content does not match its CRC-32",
-    "RESERVED_PATH": "a package or append source holds content under a reserved prefix (case/, inputs/)",
+    "RESERVED_PATH": "a package or append source holds content under a reserved prefix (case/, inputs/), or an append source holds a manifest.json",
     "SOURCE_UNSAFE_NAME": "a directory-source file name is not UTF-8 or holds control, bidi or NUL characters, empty/./.. parts, or is too long or deep",
     "SOURCE_NAME_COLLISION": "two directory-source names, or an appended name and one already in the package, are equal after Unicode NFC and case folding, or a name is both file and directory",
     "INDEX_MISSING": "an append source has no case-inputs.json at its root",
@@ -106,6 +106,13 @@ def one_line(text: str, limit: int = 300) -> str:
     if len(folded) > limit:
         folded = folded[: limit - 3] + "..."
     return folded
+
+
+def coded_io_error(error: OSError, kind: type["VianoError"] | None = None) -> "VianoError":
+    """An environment failure (disk full, permissions, a path that is not a
+    directory) that no step named more precisely: ``IO_ERROR``, naming the file."""
+    where = str(error.filename) if error.filename else None
+    return (kind or VianoError)("IO_ERROR", error.strerror or str(error), path=where)
 
 
 class VianoError(Exception):

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .interrupts import InterruptsWhileCopying, despite_interrupts
-from .errors import AdmissionError, VianoError
+from .errors import AdmissionError, VianoError, coded_io_error
 from .faults import crashpoint
 from .jsoncanon import pretty_bytes
 from .lifecycle import CheckpointStore
@@ -80,6 +80,7 @@ __all__ = [
     "admit",
     "clear_admission_marker",
     "read_append_source",
+    "remove_stale_staging",
 ]
 
 SOURCE_MANIFEST = "manifest.json"
@@ -109,8 +110,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 class StderrProgress:
     """The default progress reporter: one stderr line per ~256 MiB or 10 % of a file over 64 MiB."""
 
-    def __init__(self, stream=None, *, min_size: int = 64 * MiB, step: int = 256 * MiB) -> None:
+    def __init__(self, stream=None, *, min_size: int = 64 * MiB, step: int = 256 * MiB, command: str = "admit") -> None:
         self.stream = stream
+        self.command = command  # the line's prefix: which command is copying
         self.min_size = min_size
         self.step = step
         self._next: dict[str, int] = {}
@@ -124,7 +126,7 @@ class StderrProgress:
             stream = self.stream or sys.stderr
             shown = path.encode("unicode_escape").decode("ascii")
             try:
-                print(f"admit: {shown}: {done // MiB} / {total // MiB} MiB", file=stream, flush=True)
+                print(f"{self.command}: {shown}: {done // MiB} / {total // MiB} MiB", file=stream, flush=True)
             except (OSError, ValueError):
                 # Nobody reads the progress any more (a closed pipe or stream):
                 # the admission goes on without it rather than failing.
@@ -868,7 +870,7 @@ class _Staging:
     ``.staging``) are removed again by :meth:`cleanup` when empty, so a
     rejected admission leaves no trace. Beside the tree, ``<name>.owner``
     is held locked for the tree's whole life, before the tree exists, so
-    :func:`_remove_stale_staging` never takes a live writer's tree for dead.
+    :func:`remove_stale_staging` never takes a live writer's tree for dead.
     """
 
     def __init__(self, root: Path, kind: str, ident: str, *, remove_empty_root: bool) -> None:
@@ -912,13 +914,18 @@ class _Staging:
         self.dirs: set[Path] = {self.path}
 
     def _release_owner(self) -> None:
-        """Unlink the owner file, then let go of its lock (the tree is gone or never was)."""
+        """Let go of the owner file's lock, unlinking the file first when the
+        tree is gone or never was. A tree that could not be removed keeps its
+        owner file, unlocked: :func:`remove_stale_staging` then takes it for
+        a gone writer's at once, where a tree without one would be judged by
+        its pid, this live process's."""
         fd, self._owner_fd = self._owner_fd, None  # forgotten first, as in _DirSource._drop_parent
         if fd is not None:
-            try:
-                os.unlink(self._owner_path)
-            except OSError:
-                pass
+            if not os.path.lexists(self.path):
+                try:
+                    os.unlink(self._owner_path)
+                except OSError:
+                    pass
             os.close(fd)
 
     def makedirs(self, directory: Path) -> None:
@@ -948,7 +955,7 @@ class _Staging:
                 break
 
 
-def _remove_stale_staging(staging_root: Path) -> None:
+def remove_stale_staging(staging_root: Path) -> None:
     """Remove staging trees whose writer is gone (crashed admissions and appends).
 
     A tree's writer lives while it holds the flock on ``<tree>.owner``;
@@ -1340,6 +1347,16 @@ def admit(
     ``RESERVED_PATH``, ``INTEGRITY_ERROR`` (a pinned sha256/size differs),
     ``INSUFFICIENT_DISK``, ``IO_ERROR``, ``LOCK_TIMEOUT``.
     """
+    try:
+        return _admit(workspace, case_id, source, limits, progress)
+    except OSError as exc:
+        # A failure no step names more precisely (a directory that cannot be
+        # made, a lock file that cannot be opened): coded all the same, after
+        # the steps' own clean-up has run.
+        raise coded_io_error(exc, AdmissionError) from None
+
+
+def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progress | None) -> dict:
     case_id = validate_id(case_id, "case id")
     ws = workspace if isinstance(workspace, Workspace) else Workspace(Path(workspace))
     if progress is None:
@@ -1359,7 +1376,7 @@ def admit(
         # Trees of admissions whose process is gone (killed, or interrupted
         # during its own clean-up) go before this one needs the space; until
         # now only a successful commit cleared them.
-        _remove_stale_staging(ws.staging_dir())
+        remove_stale_staging(ws.staging_dir())
         _check_free_disk(ws.root, sum(content.values()), limits)
 
         staging = _Staging(ws.staging_dir(), "admit", case_id, remove_empty_root=True)
@@ -1391,7 +1408,7 @@ def _discard_orphan(ws: Workspace, case_id: str, target: Path) -> None:
     """Move an interrupted admission's tree out of ``cases/`` in one rename, then delete it.
 
     The trash name is a staging name with this process's pid, so a crash
-    during the delete leaves a tree :func:`_remove_stale_staging` clears later.
+    during the delete leaves a tree :func:`remove_stale_staging` clears later.
     """
     trash = ws.staging_dir() / f"admit-{case_id}-{os.getpid()}-{secrets.token_hex(6)}"
     try:
@@ -1417,14 +1434,23 @@ def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, man
                 if why is not None:
                     raise _refuse_unrecorded(case_id, why)
                 _discard_orphan(ws, case_id, target)
-            _remove_stale_staging(ws.staging_dir())
+            remove_stale_staging(ws.staging_dir())
             _require_real_dir(ws.cases_dir, "cases")
             ws.cases_dir.mkdir(parents=True, exist_ok=True)
             try:
                 os.rename(case_tree, target)
+            except OSError as exc:
+                raise _io_error("publishing the admitted case", exc, case_id) from None
+            try:
                 _fsync_path(ws.cases_dir, directory=True)
                 _fsync_path(staging.path, directory=True)
             except OSError as exc:
+                # Not durable, so not admitted: take the tree back, as when
+                # the store row fails below, so no orphan is left in cases/.
+                try:
+                    os.rename(target, case_tree)
+                except OSError:
+                    pass  # left with its marker: the next admission of the id clears it
                 raise _io_error("publishing the admitted case", exc, case_id) from None
             crashpoint("admit:after-rename")
             try:
@@ -1513,7 +1539,7 @@ def read_append_source(
     ends the call with nothing staged.
     """
     if progress is None:
-        progress = StderrProgress()
+        progress = StderrProgress(command="append")
     root = Path(staging_dir) if staging_dir is not None else Path(tempfile.gettempdir())
     src = _open_source(source, limits)
     try:
@@ -1525,10 +1551,17 @@ def read_append_source(
             before_staging(bytes(index_bytes), dict(content))
         _read_contract(index_bytes, "case-inputs", APPEND_INDEX, limits.manifest_bytes)  # refuses; the caller keeps the bytes
         _check_reserved(content)
+        for rel in content:
+            # A whole package given as an append source: its manifest would
+            # become a content file no admission can ever make.
+            if "/" not in rel and fold_name(rel) == SOURCE_MANIFEST:
+                raise AdmissionError(
+                    "RESERVED_PATH", "an append source has no manifest.json (its root holds case-inputs.json and the new files)", path=rel
+                )
         if staging_dir is not None:
             # The workspace's staging: trees of killed appends and admissions
             # go before this one needs the space (admit does the same).
-            _remove_stale_staging(root)
+            remove_stale_staging(root)
         _check_free_disk(root, sum(content.values()), limits, "append")
         staging = _Staging(root, "append", "source", remove_empty_root=False)
         try:
@@ -1540,6 +1573,8 @@ def read_append_source(
         except BaseException:
             staging.cleanup()
             raise
+    except OSError as exc:
+        raise coded_io_error(exc, AdmissionError) from None  # as admit: coded, after the clean-up
     finally:
         src.close()
     return AppendSource(bytes(index_bytes), files, staging.path, staging)

@@ -51,6 +51,7 @@ def roll_forward(store, package, case_id: str):
             path=f"manifests/{manifest_name(current + 1)}",
         )
     _remove_manifest_temps(package)
+    remove_dead_staging(package.workspace)
     # The store row exists, so an admission marker left by a crash between the
     # commit and its removal is stale; clearing it keeps a later loss of the
     # store from mistaking this case for a crashed admission. (Checked before
@@ -94,6 +95,24 @@ def roll_forward(store, package, case_id: str):
         record = store.get(case_id)
     remove_unpublished_content(package)
     return record
+
+
+def remove_dead_staging(workspace) -> None:
+    """Remove the staging trees of admissions and appends that were killed
+    (they may hold gigabytes), here as the next admit or append does: a
+    tree's writer lives while it holds its owner lock, so no live writer's
+    tree goes. The admission module is imported only when the workspace's
+    staging directory holds anything (a rebuild does not pay for it)."""
+    staging = workspace.staging_dir()
+    try:
+        # Never through a link: it would clear trees wherever it points.
+        if not stat.S_ISDIR(os.lstat(staging).st_mode) or not os.listdir(staging):
+            return
+    except OSError:
+        return  # none (the usual case), or not readable: nothing to clear here
+    from .intake import remove_stale_staging
+
+    remove_stale_staging(staging)
 
 
 def remove_unpublished_content(package) -> list[str]:

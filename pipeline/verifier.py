@@ -59,9 +59,11 @@ under any WSGI server that terminates ``wsgi.input``.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import socket
+import stat
 import sys
 from typing import Any, Callable, Iterable
 
@@ -372,7 +374,12 @@ def check_file(path: str) -> tuple[str, str, int]:
         if path == "-":
             data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
         else:
-            with open(path, "rb") as handle:
+            # Non-blocking, so that opening a FIFO cannot wait for a writer;
+            # anything but a regular file (a FIFO, a device) is refused.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return "", f"INVALID_ARGUMENT: {one_line(path)} is not a regular file\n", 2
                 data = handle.read(MAX_REQUEST_BYTES + 1)
     except OSError as exc:
         return "", f"INVALID_ARGUMENT: cannot read {one_line(path)}: {exc.strerror}\n", 2

@@ -21,7 +21,7 @@ import pytest
 
 import contracts
 from pipeline import intake
-from pipeline.errors import VianoError
+from pipeline.errors import AdmissionError, VianoError
 from pipeline.jsoncanon import decode_strict, pretty_bytes
 from pipeline.lifecycle import CheckpointStore
 from pipeline.workspace import Workspace
@@ -876,3 +876,36 @@ def test_a_tmpfs_without_a_size_limit_is_not_short_of_disk(tmp_path, monkeypatch
     with pytest.raises(VianoError) as exc:
         intake._check_free_disk(Path("/proc") / f"viano-{os.getpid()}", 1, intake.ZipLimits())
     assert exc.value.code == "IO_ERROR"
+
+
+def test_append_progress_names_the_append(tmp_path, capsys):
+    MiB = 1 << 20
+    # A copy reports under the command that makes it: an append's progress said "admit:".
+    source = tmp_path / "append"
+    (source / "original/context").mkdir(parents=True)
+    (source / "case-inputs.json").write_bytes(b'{"format":"viano-case-inputs","format_version":1,"reports":[]}')
+    with open(source / "original/context/big.bin", "wb") as big:
+        big.truncate(64 * MiB)  # sparse: cheap to make and to read
+    staged = intake.read_append_source(source, intake.ZipLimits(), staging_dir=tmp_path / "staging")
+    staged.cleanup()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("append: original/context/big.bin: ") for line in lines), lines
+    assert lines[-1] == "append: original/context/big.bin: 64 / 64 MiB"
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "Manifest.JSON"])
+def test_an_append_source_holding_a_manifest_is_refused(tmp_path, name):
+    # A whole package passed as an append source: its manifest.json would
+    # otherwise be stored as a content file, which no admission can make.
+    src = _append_dir(tmp_path)
+    (src / name).write_bytes((SAMPLE / "manifest.json").read_bytes())
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(AdmissionError) as info:
+        intake.read_append_source(src, intake.ZipLimits(), staging_dir=staging, progress=QUIET)
+    assert (info.value.code, info.value.path) == ("RESERVED_PATH", name)
+    assert list(staging.iterdir()) == []
+    (src / name).unlink()
+    (src / "added" / "manifest.json").write_bytes(b"{}")  # below the root it is a content file like any other
+    with intake.read_append_source(src, intake.ZipLimits(), staging_dir=staging, progress=QUIET) as staged:
+        assert sorted(staged[1]) == ["added/manifest.json", "added/report-4.json"]

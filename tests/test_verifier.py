@@ -800,3 +800,20 @@ def test_create_server_accepts_the_bounds():
     for port, threads in ((0, 1), (0, verifier.MAX_THREADS)):
         server = verifier.create_server("127.0.0.1", port, threads=threads)
         server.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_check_refuses_what_is_not_a_regular_file_without_waiting(tmp_path, kind):
+    # A FIFO nobody writes to made check wait forever; a device was read as a request.
+    if kind == "fifo":
+        target = tmp_path / "requests"
+        os.mkfifo(target)
+    elif kind == "device":
+        target = Path("/dev/zero")
+    else:
+        target = tmp_path
+    result = subprocess.run([sys.executable, "-m", "pipeline.verifier", "check", str(target)],
+                            capture_output=True, timeout=30, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2 and result.stdout == b""
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: "), lines

@@ -138,12 +138,19 @@ def test_reuse_survives_lowered_limits_and_a_cleared_cache(tmp_path):
     assert len(kit.manifests(ws, "c1")) == 2
 
 
-def test_a_crashed_reopen_keeps_who_and_why(tmp_path):
+def _built_then_reopen_killed_after_publishing(tmp_path) -> Path:
+    """A built case whose reopen (by human:alice, "new logs") was published,
+    then killed before its checkpoint."""
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     crashed = kit.doit("reopen", "case=c1", "by=human:alice", "reason=new logs", workspace=ws,
                        env_extra={"VIANO_CRASH_AT": "publish:after-manifest-link"})
     assert crashed.returncode != 0
+    return ws
+
+
+def test_a_crashed_reopen_keeps_who_and_why(tmp_path):
+    ws = _built_then_reopen_killed_after_publishing(tmp_path)
     status = kit.doit("status", "case=c1", workspace=ws)
     assert "not yet taken in: 3..3" in status.stdout  # status only observes
     rebuilt = kit.doit("build", "case=c1", workspace=ws)  # rolls the reopen forward, then builds r2
@@ -154,6 +161,22 @@ def test_a_crashed_reopen_keeps_who_and_why(tmp_path):
     finally:
         store.close()
     assert reopen.detail["by"] == "human:alice" and reopen.detail["reason"] == "new logs"
+
+
+def test_a_reopen_retried_after_it_was_published_says_so_and_a_different_one_is_still_refused(tmp_path):
+    # The user (or a CI step) retries the very same command.
+    ws = _built_then_reopen_killed_after_publishing(tmp_path)
+    retried = kit.doit("reopen", "case=c1", "by=human:alice", "reason=new logs", workspace=ws)
+    assert retried.returncode == 0, retried.stderr
+    assert "case c1 is already reopened by this request: analysis revision 2, generation 3, state REOPENED" in retried.stdout
+    before = kit.tree_digest(ws)
+    again = kit.doit("reopen", "case=c1", "by=human:alice", "reason=new logs", workspace=ws)
+    assert again.returncode == 0 and "already reopened by this request" in again.stdout
+    other = _one_line_error(kit.doit("reopen", "case=c1", "by=human:bob", "reason=new logs", workspace=ws), "ILLEGAL_TRANSITION")
+    assert "REOPENED without a confirmed case" in other
+    _one_line_error(kit.doit("reopen", "case=c1", "by=human:alice", "reason=other logs", workspace=ws), "ILLEGAL_TRANSITION")
+    assert kit.tree_digest(ws) == before
+    assert len(kit.manifests(ws, "c1")) == 3
 
 
 def test_export_after_a_lost_checkpoint_rolls_forward(tmp_path):
@@ -1010,3 +1033,20 @@ def test_a_publication_note_that_cannot_be_written_fails_no_build_that_published
     confirmed = [line for line in again.stdout.splitlines() if line.startswith("case c1 revision 1: ")]
     assert confirmed == [line for line in first.stdout.splitlines() if line.startswith("case c1 revision 1: ")]
     assert kit.tree_digest(ws) == before
+
+
+def test_the_staging_tree_of_a_killed_admission_goes_with_the_next_command_that_changes_the_workspace(tmp_path):
+    # A killed admission of one case leaves its (possibly huge) staging tree;
+    # a build, reopen or export of another case clears it, status only looks.
+    ws = _admitted(tmp_path)
+    source = standard_package(tmp_path / "src2")
+    killed = kit.doit("admit", "case=c2", f"source={source}", workspace=ws, env_extra={"VIANO_CRASH_AT": "admit:after-stage"})
+    assert killed.returncode != 0
+    left = sorted(p.name for p in (ws / ".staging").iterdir())
+    assert any(name.startswith("admit-c2-") and not name.endswith(".owner") for name in left), left
+    assert kit.doit("status", "case=c1", workspace=ws).returncode == 0
+    assert sorted(p.name for p in (ws / ".staging").iterdir()) == left
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert not (ws / ".staging").exists() or list((ws / ".staging").iterdir()) == []
+    assert not (ws / "cases" / "c2").exists()
