@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -204,8 +205,17 @@ class BuildCache:
 
     def read_json(self, path: Path):
         """Read one record we wrote ourselves (plain decoding: the strict reader's
-        duplicate-key and number checks guard untrusted input, not our cache)."""
-        return self._read(path, json.loads)
+        duplicate-key and number checks guard untrusted input, not our cache).
+
+        Through msgspec once something has imported it (every step but a
+        no-op's validate_index has), else the stdlib: a rebuild reads the
+        100 KiB plan once per step, and msgspec decodes it in a third of the
+        time. Both give the same value for what :meth:`write_json` writes
+        (UTF-8, no NaN or Infinity: inputs never hold them; a property test
+        holds the two together), and both refuse a damaged record with a
+        ``ValueError``."""
+        msgspec = sys.modules.get("msgspec")
+        return self._read(path, json.loads if msgspec is None else msgspec.json.decode)
 
     def read_bytes(self, path: Path, limit: int | None = None) -> bytes:
         """One record's bytes, bounded like every record read (or by ``limit``

@@ -8,6 +8,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.cache import BuildCache
 from pipeline.errors import VianoError
@@ -408,3 +410,53 @@ def test_remembered_file_digests_stay_bounded_and_right(tmp_path, monkeypatch):
     assert doitcli._sha256_file(files[0]) == hashlib.sha256(b"").hexdigest()
     version = doitcli.remember_file_digest(files[1], b"x")
     assert doitcli._DIGESTS[version] == hashlib.sha256(b"x").hexdigest()
+
+
+# A record as write_json writes it: JSON without NaN/Infinity or lone surrogates
+# (inputs never hold them; the strict reader refuses them).
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_RECORDS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _TEXT,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_TEXT, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_RECORDS)
+def test_read_json_gives_the_same_value_whichever_decoder_it_takes(tmp_path_factory, value):
+    # read_json takes msgspec once it is imported, the stdlib before: a record
+    # must read back the same either way, down to int against float.
+    import msgspec
+
+    cache = BuildCache(tmp_path_factory.mktemp("c"))
+    path = cache.root / "r.json"
+    cache.write_json(path, value)
+    data = path.read_bytes()
+
+    def typed(v):
+        if isinstance(v, dict):
+            return {k: typed(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [typed(x) for x in v]
+        return (type(v).__name__, v)
+
+    assert typed(msgspec.json.decode(data)) == typed(json.loads(data)) == typed(json.loads(json.dumps(value)))
+    assert typed(cache.read_json(path)) == typed(json.loads(data))
+
+
+def test_read_json_refuses_a_damaged_record_with_either_decoder(tmp_path, monkeypatch):
+    import sys
+
+    cache = BuildCache(tmp_path)
+    path = tmp_path / "r.json"
+    for damaged in (b'{"a": 1', b'{"a": 1}x', b"\xff", b""):
+        path.write_bytes(damaged)
+        with pytest.raises(VianoError) as info:
+            cache.read_json(path)
+        assert info.value.code == "INTEGRITY_ERROR"
+        with monkeypatch.context() as patch:
+            patch.delitem(sys.modules, "msgspec")
+            with pytest.raises(VianoError) as info:
+                cache.read_json(path)
+            assert info.value.code == "INTEGRITY_ERROR"
