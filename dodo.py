@@ -68,6 +68,8 @@ def _unusable_variables():
 # One creator yields every command (and one the whole build chain): doit reads
 # each creator's source to order them, which costs a no-op rebuild ~1.5 ms per
 # creator; the basenames and docs are the same as one creator per command.
+# Each creator only returns the generator of a helper: doit tokenises the
+# creator's whole body, so a body of one line saves every run 4-5 ms.
 
 _COMMANDS = (
     ("admit", "cmd_admit", "Admit a bug package (ZIP or directory): doit admit case=ID source=PATH", ("source",)),
@@ -81,6 +83,10 @@ _COMMANDS = (
 
 def task_commands():
     """The lifecycle commands."""
+    return _commands()
+
+
+def _commands():
     for basename, function, doc, extra in _COMMANDS:
         variables = {"case": CASE, "workspace": WORKSPACE, **{name: get_var(name) for name in extra}}
         yield {"basename": basename, **_command(function, doc, **variables)}
@@ -100,6 +106,10 @@ _CHAIN_DOCS = {
 
 def task_pipeline():
     """The build chain: validate_index, assemble, render, publish, build."""
+    return _pipeline()
+
+
+def _pipeline():
     context = _case_context()
     if context is None:
         for basename, doc in _CHAIN_DOCS.items():
@@ -155,6 +165,10 @@ def _plan(cache):
 @create_after(executed="validate_index")
 def task_read_input():
     """Read, strictly decode and validate one structured input document"""
+    return _read_inputs()
+
+
+def _read_inputs():
     context = _case_context()
     if context is None or not context[2].plan.exists():
         return
@@ -180,6 +194,10 @@ def task_read_input():
 @create_after(executed="validate_index")
 def task_hash_context():
     """Stream and hash one opaque file (context, events, attachments, unclassified)"""
+    return _hash_contexts()
+
+
+def _hash_contexts():
     context = _case_context()
     if context is None or not context[2].plan.exists():
         return
