@@ -186,15 +186,15 @@ class BuildCache:
 
     def write_json(self, path: Path, value) -> None:
         # Sorted keys make equal records byte-equal, which the content-hash
-        # checker relies on to skip tasks whose inputs did not change. Without
-        # floats msgspec writes the stdlib's very bytes (jsoncanon), faster.
-        from .jsoncanon import encode_sorted, float_free
+        # checker relies on to skip tasks whose inputs did not change. A
+        # record only has to be the same bytes for the same value under the
+        # same builder code (its path names that code), not the canonical
+        # bytes of a hash: msgspec writes floats in its own spelling (1e16,
+        # where the stdlib writes 1e+16), and both decoders of read_json read
+        # them back alike, so no walk checks a record for floats first.
+        from .jsoncanon import encode_sorted
 
-        if float_free(value):
-            data = encode_sorted(value)
-        else:
-            data = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        self.write(path, data)
+        self.write(path, encode_sorted(value))
 
     def write_json_fast(self, path: Path, value) -> None:
         """:meth:`write_json` through msgspec, for records of hundreds of
