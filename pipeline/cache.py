@@ -192,6 +192,9 @@ class BuildCache:
         # bytes of a hash: msgspec writes floats in its own spelling (1e16,
         # where the stdlib writes 1e+16), and both decoders of read_json read
         # them back alike, so no walk checks a record for floats first.
+        # Records hold JSON as the build makes it: string keys and finite
+        # numbers only (inputs refuse NaN and Infinity; msgspec would write
+        # them as null).
         from .jsoncanon import encode_sorted
 
         self.write(path, encode_sorted(value))

@@ -50,7 +50,6 @@ import errno
 import hashlib
 import mmap
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -65,7 +64,15 @@ from .faults import crashpoint
 from .jsoncanon import pretty_bytes
 from .lifecycle import CheckpointStore
 from .packages import _pid_alive
-from .workspace import ADMISSION_MARKER, Workspace, case_lock, check_reference, validate_id
+from .workspace import (
+    ADMISSION_MARKER,
+    STAGING_OWNER_SUFFIX,
+    STAGING_TREE_RE,
+    Workspace,
+    case_lock,
+    check_reference,
+    validate_id,
+)
 from .zipscan import CHUNK, MiB, NameRegistry, ZipArchive, ZipLimits, fold_name, name_problem
 
 __all__ = [
@@ -98,7 +105,6 @@ Progress = Callable[[str, int, int], None]
 _MANIFEST_GENERATION_1 = "000001.json"
 _MARKER_BYTES = b"viano admission pending; the case is committed only once the CheckpointStore has its row\n"
 _MARKER_LIMIT = 4096
-_STAGE_RE = re.compile(r"(?:admit|append)-(.+)-(\d+)-[0-9a-f]{12}")
 _SYNCFS_MIN_FILES = 8  # above this many files one syncfs beats a fsync per file
 _WRITEBACK_EVERY = 16 * MiB  # start writeback of large files early (Linux sync_file_range)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -829,7 +835,6 @@ def _io_error(what: str, exc: OSError, path: str | None = None) -> AdmissionErro
     return AdmissionError("IO_ERROR", f"{what} failed: {os.strerror(exc.errno) if exc.errno else exc}", path=path)
 
 
-_OWNER_SUFFIX = ".owner"
 
 
 class _OwnerTaken(Exception):
@@ -888,7 +893,7 @@ class _Staging:
         self._owner_fd: int | None = None
         for _ in range(20):
             self.path = root / f"{kind}-{ident}-{os.getpid()}-{secrets.token_hex(6)}"
-            self._owner_path = root / (self.path.name + _OWNER_SUFFIX)
+            self._owner_path = root / (self.path.name + STAGING_OWNER_SUFFIX)
             try:
                 self._owner_fd = _hold_owner_lock(self._owner_path)
                 break
@@ -964,16 +969,19 @@ def remove_stale_staging(staging_root: Path) -> None:
     import fcntl
 
     try:
+        # Never through a link: what it points at is no staging of ours.
+        if not stat.S_ISDIR(os.lstat(staging_root).st_mode):
+            return
         names = set(os.listdir(staging_root))
     except FileNotFoundError:
         return
     for name in sorted(names):
-        if name.endswith(_OWNER_SUFFIX) and _STAGE_RE.fullmatch(name[: -len(_OWNER_SUFFIX)]):
-            tree = name[: -len(_OWNER_SUFFIX)]
-        elif _STAGE_RE.fullmatch(name):
-            if name + _OWNER_SUFFIX in names or os.path.lexists(staging_root / (name + _OWNER_SUFFIX)):
+        if name.endswith(STAGING_OWNER_SUFFIX) and STAGING_TREE_RE.fullmatch(name[: -len(STAGING_OWNER_SUFFIX)]):
+            tree = name[: -len(STAGING_OWNER_SUFFIX)]
+        elif STAGING_TREE_RE.fullmatch(name):
+            if name + STAGING_OWNER_SUFFIX in names or os.path.lexists(staging_root / (name + STAGING_OWNER_SUFFIX)):
                 continue  # decided with its owner file (the listing may predate it)
-            if not _pid_alive(int(_STAGE_RE.fullmatch(name).group(2))):
+            if not _pid_alive(int(STAGING_TREE_RE.fullmatch(name).group(2))):
                 shutil.rmtree(staging_root / name, ignore_errors=True)
             continue
         else:
@@ -989,6 +997,8 @@ def remove_stale_staging(staging_root: Path) -> None:
             except BlockingIOError:
                 continue  # its writer is alive, in whatever pid namespace
             shutil.rmtree(staging_root / tree, ignore_errors=True)
+            if os.path.lexists(staging_root / tree):
+                continue  # the owner file stays, unlocked, for the next try
             try:
                 os.unlink(owner)
             except OSError:

@@ -61,6 +61,15 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: In ``cases/<id>/`` while an admission is not yet committed to the store:
 #: only a directory carrying it may be removed as a crashed admission.
 ADMISSION_MARKER = ".admission-pending"
+STAGING_TREE_RE = re.compile(r"(?:admit|append)-(.+)-(\d+)-[0-9a-f]{12}")
+"""A staging tree's name in ``.staging/`` (kind, id, pid, random part);
+``<tree>.owner`` beside it is the lock its live writer holds."""
+STAGING_OWNER_SUFFIX = ".owner"
+
+
+def is_staging_name(name: str) -> bool:
+    """Whether ``name`` in ``.staging/`` is a staging tree or its owner file."""
+    return STAGING_TREE_RE.fullmatch(name.removesuffix(STAGING_OWNER_SUFFIX)) is not None
 
 
 def validate_id(value: object, what: str = "id") -> str:
@@ -156,11 +165,12 @@ class Workspace:
         ``workspace=`` given empty is refused (``INVALID_ARGUMENT``) rather than
         read as "the default": it is what ``workspace=$DIR`` gives when ``DIR``
         is unset, and the default may be another workspace than the one meant.
-        An empty ``$VIANO_WORKSPACE`` counts as unset, as shells treat it."""
+        An empty (or blank) ``$VIANO_WORKSPACE`` counts as unset, as shells treat it."""
         if value is not None and value.strip() == "":
             raise VianoError("INVALID_ARGUMENT", "workspace= is empty: leave it out for $VIANO_WORKSPACE or ./service-data")
         if value is None:
-            value = os.environ.get(WORKSPACE_ENV) or DEFAULT_WORKSPACE
+            configured = os.environ.get(WORKSPACE_ENV, "")
+            value = configured if configured.strip() else DEFAULT_WORKSPACE
         return cls(user_path(value))
 
     @property

@@ -909,3 +909,63 @@ def test_an_append_source_holding_a_manifest_is_refused(tmp_path, name):
     (src / "added" / "manifest.json").write_bytes(b"{}")  # below the root it is a content file like any other
     with intake.read_append_source(src, intake.ZipLimits(), staging_dir=staging, progress=QUIET) as staged:
         assert sorted(staged[1]) == ["added/manifest.json", "added/report-4.json"]
+
+
+def test_the_staging_cleaner_never_works_through_a_symlinked_staging_directory(tmp_path):
+    # .staging linked elsewhere: a dead-looking tree there is not ours to delete.
+    ws = Workspace(tmp_path / "ws")
+    admit(ws, "first", _dir_package(tmp_path / "a"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    elsewhere = tmp_path / "elsewhere"
+    victim = elsewhere / f"admit-z-{dead.pid}-{'d' * 12}"
+    victim.mkdir(parents=True)
+    (victim / "keep.txt").write_text("not the workspace's")
+    shutil.rmtree(ws.staging_dir(), ignore_errors=True)
+    ws.staging_dir().symlink_to(elsewhere, target_is_directory=True)
+    intake.remove_stale_staging(ws.staging_dir())
+    with pytest.raises(VianoError):
+        admit(ws, "second", _dir_package(tmp_path / "b"))
+    assert (victim / "keep.txt").read_text() == "not the workspace's"
+
+
+def test_an_owner_file_stays_until_its_tree_is_gone(tmp_path, monkeypatch):
+    # A tree the cleaner could not remove keeps its (unlocked) owner file, so
+    # the next cleaner takes it for a gone writer's again, however the pid in
+    # its name looks (here this live process's).
+    staging = tmp_path / ".staging"
+    tree = staging / f"append-source-{os.getpid()}-{'e' * 12}"
+    (tree / "files").mkdir(parents=True)
+    (staging / (tree.name + ".owner")).write_bytes(b"")
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(intake.shutil, "rmtree", lambda *a, **k: None)  # a removal that fails silently
+    intake.remove_stale_staging(staging)
+    assert tree.is_dir() and (staging / (tree.name + ".owner")).exists()
+    monkeypatch.setattr(intake.shutil, "rmtree", real_rmtree)
+    intake.remove_stale_staging(staging)
+    assert list(staging.iterdir()) == []
+
+
+def test_a_blank_workspace_environment_variable_counts_as_unset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VIANO_WORKSPACE", "  ")
+    assert Workspace.from_var(None).root == tmp_path / "service-data"
+
+
+def test_a_rebuild_imports_the_admission_module_only_for_staging_names(tmp_path):
+    # Every roll-forward (a no-op rebuild too) looks into .staging; a stray
+    # file there must not cost each of them the admission module's import.
+    from tests.conftest import REPO
+
+    ws = tmp_path / "ws"
+    (ws / ".staging").mkdir(parents=True)
+    (ws / ".staging" / "stray").write_text("x")
+    probe = (
+        "import sys; from pipeline.recovery import remove_dead_staging; from pipeline.workspace import Workspace; "
+        f"remove_dead_staging(Workspace({str(ws)!r})); print('pipeline.intake' in sys.modules)"
+    )
+    run = lambda: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()  # noqa: E731
+    assert run() == "False"
+    (ws / ".staging" / f"admit-x-{os.getpid()}-{'f' * 12}").mkdir()  # a live writer's tree: looked at, kept
+    assert run() == "True"
+    assert (ws / ".staging" / f"admit-x-{os.getpid()}-{'f' * 12}").is_dir()
