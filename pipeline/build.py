@@ -113,8 +113,9 @@ def _store(ws):
     return CheckpointStore(ws)
 
 
-def open_existing_store(ws, case_id: str):
-    """The store of a workspace that holds ``case_id``; never creates one."""
+def open_existing_store(ws, case_id: str, *, read_only: bool = False):
+    """The store of a workspace that holds ``case_id``; never creates one
+    (``read_only``: never writes to it either, for the commands that observe)."""
     from .errors import LifecycleError
     from .lifecycle import CheckpointStore
 
@@ -123,7 +124,12 @@ def open_existing_store(ws, case_id: str):
         raise VianoError("INVALID_ARGUMENT", "the workspace is not a directory", path=os.fspath(ws.root))
     if not ws.store_path.exists():
         raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)")
-    store = CheckpointStore(ws)
+    try:
+        store = CheckpointStore(ws, read_only=read_only)
+    except LifecycleError as error:
+        if error.code == "UNKNOWN_CASE":
+            raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace") from None
+        raise
     try:
         known = store.exists(case_id)
     except BaseException:

@@ -82,10 +82,10 @@ def _context(case_var, workspace_var):
     return case_id, ws
 
 
-def _existing_store(ws, case_id):
+def _existing_store(ws, case_id, *, read_only: bool = False):
     from .build import open_existing_store
 
-    return open_existing_store(ws, case_id)
+    return open_existing_store(ws, case_id, read_only=read_only)
 
 
 @contextlib.contextmanager
@@ -458,9 +458,8 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     # The workspace holds only what the pipeline writes: a file exported into
     # a package's content would be taken for a crashed writer's and removed,
     # and one anywhere else would be left for nothing to account for.
-    resolved, root = os.path.realpath(destination), os.path.realpath(ws.root)
-    if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
-        raise VianoError("INVALID_ARGUMENT", f"dest {one_line(str(dest))} is inside the workspace")
+    if _inside_workspace(destination, ws.root):
+        raise VianoError("INVALID_ARGUMENT", f"dest {dest} is inside the workspace")
 
     store = _existing_store(ws, case_id)
     try:
@@ -482,33 +481,75 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         "case_summary.md": package.read_verified(artifacts["case_summary"], limits.summary_bytes, manifest=manifest),
         "manifest.json": pretty_bytes(manifest),
     }
+    written: list[Path] = []
     try:
         if destination.exists() and not destination.is_dir():
-            raise VianoError("INVALID_ARGUMENT", f"dest {one_line(str(dest))} exists and is not a directory")
+            raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
         if destination.is_symlink() and not destination.exists():
-            raise VianoError("INVALID_ARGUMENT", f"dest {one_line(str(dest))} is a symbolic link to nothing")
+            raise VianoError("INVALID_ARGUMENT", f"dest {dest} is a symbolic link to nothing")
         for name, data in outputs.items():
             target = destination / name
             if target.is_symlink() or (target.exists() and not target.is_file()):
                 raise CaseBuildError("CONTENT_CONFLICT", f"{target} is not a regular file; not overwritten")
-            if target.exists():
-                if sha256_hex(target.read_bytes()) != sha256_hex(data):
-                    raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
+            if target.exists() and not _holds(target, data):
+                raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
         destination.mkdir(parents=True, exist_ok=True)
         for name, data in outputs.items():
             if not (destination / name).exists():
+                written.append(destination / name)  # before: a failure after its link leaves it there
                 write_durable(destination, name, data)
-    except OSError as error:
-        raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
+    except BaseException as error:
+        # The three files are one export: a failure part way (a full disk)
+        # takes back what this run wrote, so none of a set is left alone.
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if isinstance(error, OSError):
+            raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
+        raise
     _out(
         f"exported case {case_id} revision {manifest['analysis_revision']} "
-        f"(published at generation {manifest['package_generation']}) to {destination}"
+        f"(published at generation {manifest['package_generation']}) to {one_line(os.fspath(destination), 600)}"
     )
     if current["analysis_revision"] != manifest["analysis_revision"]:
         _progress(
             f"note: revision {current['analysis_revision']} has no case yet; "
             f"this is the case of revision {manifest['analysis_revision']}"
         )
+
+
+def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
+    """Whether ``destination`` lies in the workspace: by path once links are
+    resolved, and by identity (device and inode) of every existing ancestor,
+    which a bind mount or another alias of the workspace keeps."""
+    resolved, root = os.path.realpath(destination), os.path.realpath(workspace_root)
+    if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
+        return True
+    try:
+        root_st = os.stat(workspace_root)
+    except OSError:
+        return False  # no workspace there: the command refuses the case anyway
+    probe = Path(os.path.abspath(destination))
+    while True:
+        try:
+            st = os.stat(probe)
+        except OSError:
+            pass  # not made yet: its parents decide
+        else:
+            if (st.st_dev, st.st_ino) == (root_st.st_dev, root_st.st_ino):
+                return True
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+
+
+def _holds(target: Path, data: bytes) -> bool:
+    """Whether the existing ``target`` holds exactly ``data``: sizes first, so a
+    huge file there is never read whole to learn it differs."""
+    if target.stat().st_size != len(data):
+        return False
+    with open(target, "rb") as handle:
+        return handle.read(len(data) + 1) == data
 
 
 def _publishing_manifest(package, generation: int, case_path: str) -> dict:
@@ -530,7 +571,7 @@ def cmd_status(case=None, workspace=None) -> None:
     from .status import build_outlook
 
     case_id, ws = _context(case, workspace)
-    store = _existing_store(ws, case_id)
+    store = _existing_store(ws, case_id, read_only=True)  # status only observes
     try:
         record = store.get(case_id)
         checkpoints = store.checkpoints(case_id)
@@ -575,7 +616,7 @@ def cmd_probes(case=None, workspace=None) -> int:
 
     case_id, ws = _context(case, workspace)
     limits = CaseBuilderLimits()
-    store = _existing_store(ws, case_id)
+    store = _existing_store(ws, case_id, read_only=True)
     try:
         record = store.get(case_id)
     finally:

@@ -34,6 +34,7 @@ output. One store object is one connection: use it from one thread.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -177,6 +178,30 @@ def _db_error(exc: sqlite3.Error, what: str) -> VianoError:
     return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}")
 
 
+def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
+    """A read-only connection. A WAL database needs its shared-memory file,
+    which a read-only filesystem cannot give when the last writer closed
+    cleanly (and removed it): there no writer can exist either, so the file
+    is opened as immutable, which needs none."""
+    uri = path.absolute().as_uri()
+    conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not _on_read_only_filesystem(path.parent):
+            raise
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
+
+
+def _on_read_only_filesystem(directory) -> bool:
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _invalid(message: str) -> LifecycleError:
     return LifecycleError("INVALID_ARGUMENT", message)
 
@@ -192,28 +217,39 @@ class CheckpointStore:
     read-only commands leave an empty workspace untouched.
     """
 
-    def __init__(self, workspace: Workspace, *, busy_timeout: float = 30.0, create: bool = True) -> None:
+    def __init__(self, workspace: Workspace, *, busy_timeout: float = 30.0, create: bool = True, read_only: bool = False) -> None:
+        """Open (and by default create) the workspace's store. ``read_only``
+        is for the commands that only observe (status, probes): the file is
+        opened read-only, its journal mode and schema are left as they are,
+        and a store without the schema holds no case (``UNKNOWN_CASE``)."""
         self.workspace = workspace
         path = workspace.store_path
         refuse_symlinks(workspace, path.name, f"{path.name}-wal", f"{path.name}-shm")
         if not path.exists():
-            if not create:
+            if not create or read_only:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+            if read_only:
+                conn = _connect_read_only(path, busy_timeout)
+            else:
+                conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
             raise _db_error(exc, "opening") from None
         self._conn = conn
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
+            if not read_only:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+                conn.execute("PRAGMA foreign_keys = ON")
             problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
             if problems != ["ok"]:
                 raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {problems[:3]}")
-            self._ensure_schema()
+            if read_only:
+                self._check_schema()
+            else:
+                self._ensure_schema()
         except sqlite3.Error as exc:
             conn.close()
             raise _db_error(exc, "opening") from None
@@ -232,6 +268,19 @@ class CheckpointStore:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    def _check_schema(self) -> None:
+        """The schema is ours, or there is none yet (then no case is in the store)."""
+        conn = self._conn
+        has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+        if not has_meta:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables & {"cases", "checkpoints"}:
+                raise IntegrityError("INTEGRITY_ERROR", "checkpoint store has tables but no schema version: not ours")
+            raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet")
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store has schema version {row[0] if row else None!r}, expected {SCHEMA_VERSION}")
 
     def _ensure_schema(self) -> None:
         conn = self._conn

@@ -148,7 +148,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", "would run: the cached summary is not the cached case's"))
     else:
         rows.append(("render", "up to date"))
-    store = open_existing_store(ws, case_id)
+    store = open_existing_store(ws, case_id, read_only=True)
     try:
         confirmed = store.confirmed(case_id, plan["step_id"])
     finally:

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -1050,3 +1051,69 @@ def test_the_staging_tree_of_a_killed_admission_goes_with_the_next_command_that_
     assert built.returncode == 0, built.stderr
     assert not (ws / ".staging").exists() or list((ws / ".staging").iterdir()) == []
     assert not (ws / "cases" / "c2").exists()
+
+
+def test_export_names_a_hostile_destination_on_one_escaped_line(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out\nsecond line\x1b[31m\u202e"
+    exported = kit.doit("export", "case=c1", f"dest={dest}", workspace=ws)
+    assert exported.returncode == 0, exported.stderr
+    lines = exported.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("exported case c1 revision 1"), lines
+    assert "\x1b" not in exported.stdout and "\u202e" not in exported.stdout
+    assert "\\n" in lines[0] and "\\x1b" in lines[0] and "\\u202e" in lines[0]
+    assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
+
+
+def _in_mount_namespace(script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` (sh) in a private mount namespace, where it may bind-mount
+    (the tests and CI run as root)."""
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=doit_env(), timeout=120)
+
+
+def _doit_line(*args: str, workspace: Path) -> str:
+    quoted = " ".join(shlex.quote(a) for a in ["doit", "-f", str(REPO / "dodo.py"), *args, f"workspace={workspace}"])
+    return quoted
+
+
+def test_export_refuses_the_workspace_under_another_name(tmp_path):
+    # A bind mount shows the workspace at another path: realpath cannot see
+    # it, its device and inode can. An export there would be content that the
+    # next build removes as unlisted.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    dest = alias / "cases" / "c1" / "packages" / "pkg-1" / "content" / "original"
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(f"mount --bind {shlex.quote(str(ws))} {shlex.quote(str(alias))} && "
+                                 + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert kit.tree_digest(ws) == before
+
+
+def test_status_and_probes_only_read_the_store_and_work_on_a_read_only_workspace(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    # A clean close leaves no -wal or -shm file: the hardest case for a
+    # read-only open of a WAL database.
+    assert not (ws / "checkpoints.sqlite3-shm").exists()
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(
+        f"mount --bind -o ro {shlex.quote(str(ws))} {shlex.quote(str(ws))} && "
+        + _doit_line("status", "case=c1", workspace=ws) + " && " + _doit_line("probes", "case=c1", workspace=ws)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "state: BUILDING_CASE" in result.stdout and "publish: up to date" in result.stdout
+    assert kit.tree_digest(ws) == before
+
+
+def test_status_never_writes_a_schema_into_an_empty_store(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "checkpoints.sqlite3").write_bytes(b"")
+    for command in ("status", "probes"):
+        _one_line_error(kit.doit(command, "case=c1", workspace=ws), "UNKNOWN_CASE")
+    assert (ws / "checkpoints.sqlite3").read_bytes() == b""
