@@ -152,10 +152,13 @@ def _shown_id(record_id: str) -> str:
 
 def _quoted(text: str, limit: int) -> str:
     """A supplied string (claim key, content path) as a JSON string literal, so
-    it cannot forge further ``; ...`` entries of the summary."""
+    it cannot forge further ``; ...`` entries of the summary. Folded onto one
+    printable line first, then quoted: quoting first and folding after
+    doubled the backslash before an escaped quote, which then closed the
+    literal early (``a\\"; gap ...``)."""
     import json
 
-    return one_line(json.dumps(text[:limit], ensure_ascii=False), limit + 64)
+    return json.dumps(one_line(text[:limit], limit + 64), ensure_ascii=False)
 
 
 def _conflict_ids(conflict: Mapping) -> set[str]:

@@ -59,6 +59,7 @@ under any WSGI server that terminates ``wsgi.input``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -336,21 +337,25 @@ def read_body(environ: dict, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
     return b"".join(chunks)
 
 
-def _reply(start_response: Callable, status: str, body: bytes, extra: Iterable[tuple[str, str]] = ()) -> list[bytes]:
+def _reply(start_response: Callable, status: str, body: bytes, extra: Iterable[tuple[str, str]] = (), *, head: bool = False) -> list[bytes]:
     start_response(status, _JSON_HEADERS + [("Content-Length", str(len(body)))] + list(extra))
-    return [body]
+    # A HEAD response has the headers of the body but never the body: bytes
+    # sent after it would be read as the start of the next response.
+    return [] if head else [body]
 
 
 def application(environ: dict, start_response: Callable) -> list[bytes]:
     """The WSGI app: ``POST /v1/task-evaluations/verify`` and nothing else."""
+    head = environ.get("REQUEST_METHOD") == "HEAD"
     if environ.get("PATH_INFO", "") != VERIFY_PATH:
-        return _reply(start_response, "404 Not Found", canonical_bytes({"error": "not found"}))
+        return _reply(start_response, "404 Not Found", canonical_bytes({"error": "not found"}), head=head)
     if environ.get("REQUEST_METHOD") != "POST":
         return _reply(
             start_response,
             "405 Method Not Allowed",
             canonical_bytes({"error": "method not allowed"}),
             [("Allow", "POST")],
+            head=head,
         )
     try:
         body = read_body(environ)
@@ -372,6 +377,8 @@ def check_file(path: str) -> tuple[str, str, int]:
     """
     try:
         if path == "-":
+            if sys.stdin is None:  # started with standard input closed
+                return "", "INVALID_ARGUMENT: there is no standard input to read the request from\n", 2
             data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
         else:
             # Non-blocking, so that opening a FIFO cannot wait for a writer;
@@ -500,7 +507,17 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"{exc}\n")
             return 2
     out, err, code = check_file(args.file)
-    sys.stdout.write(out)
+    try:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    except OSError as exc:
+        # The verdict never reached its reader (a full disk, a closed pipe):
+        # neither 0 nor 1 may be claimed for it.
+        err, code = f"IO_ERROR: cannot write the result: {exc.strerror or exc}\n", 2
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit fails no more
+            os.close(devnull)
     sys.stderr.write(err)
     return code
 

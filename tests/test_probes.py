@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pipeline import probes
-from pipeline.errors import VerificationError
+from pipeline.errors import VerificationError, one_line
 
 SHA = "ab" * 32
 PATH = "cases/c1/packages/p1/content/case/revisions/0001/case.json"
@@ -147,6 +147,22 @@ def test_claim_conflict_is_named_by_block_key_and_record_ids():
     assert result["failure_summary"] == "claim_conflict human_observations key=\"switch.state\" ids=O0001,O0002,O0003"
     assert "open" not in result["failure_summary"]  # values are not quoted or interpreted
     assert "report-1" not in result["failure_summary"]
+
+
+@pytest.mark.parametrize("key", ['a"; gap FORGED_GAP source="x', 'a\\"; gap FORGED_GAP source="x', 'a\\\\"; gap X', "k\n\u202e\\"])
+def test_a_claim_key_cannot_close_its_literal_early(key):
+    # The key is one JSON string literal in the summary, whatever quotes and
+    # backslashes it holds: read back, it is the key folded onto one line,
+    # and nothing after it looks like another entry.
+    import json
+    import re
+
+    conflicts = [{"block": "human_observations", "key": key, "values": [value("O0001", 1), value("O0002", 2)]}]
+    summary = unresolved(built_case(data_quality__claim_conflicts=conflicts))["failure_summary"]
+    literal = json.JSONDecoder().raw_decode(summary, len("claim_conflict human_observations key="))
+    assert literal[0] == one_line(key)
+    assert summary[literal[1]:] == " ids=O0001,O0002"
+    assert not re.search(r"[\x00-\x1f\u202e]", summary)
 
 
 def test_conflict_ids_are_in_natural_order_each_once():

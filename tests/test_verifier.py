@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -817,3 +818,37 @@ def test_check_refuses_what_is_not_a_regular_file_without_waiting(tmp_path, kind
     assert result.returncode == 2 and result.stdout == b""
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: "), lines
+
+
+def test_head_responses_carry_no_body_so_the_next_response_stays_in_step(live):
+    # HTTP: a HEAD response has no body. One sent anyway arrives where the
+    # client reads the next response's status line.
+    _, port = live
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"HEAD " + verifier.VERIFY_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"HEAD /elsewhere HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /elsewhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        received = b""
+        while chunk := conn.recv(65536):
+            received += chunk
+    responses = received.split(b"HTTP/1.1 ")[1:]
+    assert [r.split(b"\r\n", 1)[0] for r in responses] == [b"405 Method Not Allowed", b"404 Not Found", b"404 Not Found"]
+    assert responses[0].endswith(b"\r\n\r\n") and responses[1].endswith(b"\r\n\r\n")
+    assert responses[2].endswith(b'\r\n\r\n{"error":"not found"}')
+
+
+def test_check_never_claims_a_verdict_it_could_not_write(tmp_path):
+    # A verdict that did not reach stdout (a full disk) is not "unsupported"
+    # (exit 1): it is exit 2 with one coded line. No stdin at all is refused alike.
+    path = tmp_path / "r.json"
+    path.write_bytes(encode(make()))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([sys.executable, "-m", "pipeline.verifier", "check", str(path)],
+                                stdout=full, stderr=subprocess.PIPE, cwd=REPO, env=env, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == ["IO_ERROR: cannot write the result: No space left on device"]
+    closed = subprocess.run(f"{shlex.quote(sys.executable)} -m pipeline.verifier check - <&-", shell=True,
+                            capture_output=True, cwd=REPO, env=env, timeout=60)
+    assert closed.returncode == 2
+    assert closed.stderr.decode().splitlines() == ["INVALID_ARGUMENT: there is no standard input to read the request from"]
