@@ -1256,7 +1256,14 @@ def publish_is_current(workspace_root, case_id) -> bool:
         confirmed = store.confirmed(case_id, plan["step_id"])
     finally:
         store.close()
-    return confirmed is not None and confirmed.request_hash == plan["request_hash"]
+    if confirmed is None or confirmed.request_hash != plan["request_hash"]:
+        return False
+    # A published output gone from the content (it is never rewritten, so
+    # only damage removes it): run publish, whose reuse reads and verifies
+    # the outputs and names the damage, instead of calling the case
+    # confirmed. Three lstats; the full check is that reuse.
+    content = ws.package_dir(case_id, plan["package_id"]) / "content"
+    return all(os.path.lexists(content / plan["outputs"][key]) for key in ("case", "case_summary", "case_built"))
 
 
 def report_build(workspace_root, case_id) -> None:

@@ -86,6 +86,27 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
     return f"up to date, refused: the build would fail with {problem}"
 
 
+def _damaged_outputs(package, plan: dict) -> str | None:
+    """The first published output of the plan's revision whose file is gone or
+    not the size its manifest says (a cheap look: reusing the case reads and
+    verifies them in full), or None."""
+    import os
+
+    try:
+        files = package.manifest()["files"]
+    except VianoError:
+        return None  # the manifest itself fails: the rows above say so
+    for key in ("case", "case_summary", "case_built"):
+        path = plan["outputs"][key]
+        try:
+            size = os.lstat(package.content_dir / path).st_size
+        except OSError:
+            return path
+        if path not in files or files[path]["size"] != size:
+            return path
+    return None
+
+
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .build import document_readers, open_existing_store
 
@@ -159,7 +180,11 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     elif confirmed is None:
         rows.append(("publish", f"would run: no confirmed case for {plan['step_id']}"))
     elif confirmed.request_hash == plan["request_hash"]:
-        rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
+        damaged = _damaged_outputs(package, plan)
+        if damaged:
+            rows.append(("publish", f"would fail: the confirmed {damaged} is missing or changed in the package content"))
+        else:
+            rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
     return rows

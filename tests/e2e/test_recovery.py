@@ -1117,3 +1117,15 @@ def test_status_never_writes_a_schema_into_an_empty_store(tmp_path):
     for command in ("status", "probes"):
         _one_line_error(kit.doit(command, "case=c1", workspace=ws), "UNKNOWN_CASE")
     assert (ws / "checkpoints.sqlite3").read_bytes() == b""
+
+
+def test_status_does_not_call_a_case_up_to_date_whose_published_file_is_gone(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    (kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001" / "case.json").unlink()
+    before = kit.tree_digest(ws)
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert "publish: would fail: the confirmed case/revisions/0001/case.json is missing or changed in the package content" in status.stdout
+    assert kit.tree_digest(ws) == before
+    assert kit.doit("build", "case=c1", workspace=ws).returncode != 0  # as status said
