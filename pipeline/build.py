@@ -1240,6 +1240,16 @@ def _repair_from_published(package, outputs: dict, cache: BuildCache, case_bytes
             cache.write(target, published)
 
 
+def _confirmed_for(ws, case_id: str, plan: dict):
+    """The store's confirmation of the plan's request, or None."""
+    store = _store(ws)
+    try:
+        confirmed = store.confirmed(case_id, plan["step_id"])
+    finally:
+        store.close()
+    return confirmed if confirmed is not None and confirmed.request_hash == plan["request_hash"] else None
+
+
 def publish_is_current(workspace_root, case_id) -> bool:
     """doit ``uptodate`` for publish: the cached output is the confirmed one."""
     ws = _workspace(workspace_root)
@@ -1249,14 +1259,7 @@ def publish_is_current(workspace_root, case_id) -> bool:
         published = cache.read_json(cache.published)
     except (OSError, VianoError):
         return False
-    if published.get("request_hash") != plan.get("request_hash"):
-        return False
-    store = _store(ws)
-    try:
-        confirmed = store.confirmed(case_id, plan["step_id"])
-    finally:
-        store.close()
-    if confirmed is None or confirmed.request_hash != plan["request_hash"]:
+    if published.get("request_hash") != plan.get("request_hash") or _confirmed_for(ws, case_id, plan) is None:
         return False
     # A published output gone from the content (it is never rewritten, so
     # only damage removes it): run publish, whose reuse reads and verifies
@@ -1277,12 +1280,8 @@ def report_build(workspace_root, case_id) -> None:
         published = None
     if published is None or published.get("request_hash") != plan["request_hash"]:
         # The note was not written (see step_publish): the store has it.
-        store = _store(ws)
-        try:
-            confirmed = store.confirmed(case_id, plan["step_id"])
-        finally:
-            store.close()
-        if confirmed is None or confirmed.request_hash != plan["request_hash"]:
+        confirmed = _confirmed_for(ws, case_id, plan)
+        if confirmed is None:
             raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
         published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
     sys.stdout.write(
