@@ -137,6 +137,14 @@ def open_existing_store(ws, case_id: str, *, read_only: bool = False):
         raise
     if not known:
         store.close()
+        if os.path.lexists(ws.case_dir(case_id)):
+            # A tree without its store row: a crashed admission's (the next
+            # admit of the id clears it) or a store that lost the row.
+            raise LifecycleError(
+                "UNKNOWN_CASE",
+                f"no case {case_id} in the store, though cases/{case_id} exists (an interrupted admission, "
+                f"cleared by the next admit of {case_id}, or a store that lost its row)",
+            )
         raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace")
     return store
 

@@ -1129,3 +1129,17 @@ def test_status_does_not_call_a_case_up_to_date_whose_published_file_is_gone(tmp
     assert "publish: would fail: the confirmed case/revisions/0001/case.json is missing or changed in the package content" in status.stdout
     assert kit.tree_digest(ws) == before
     assert kit.doit("build", "case=c1", workspace=ws).returncode != 0  # as status said
+
+
+def test_a_case_directory_without_its_store_row_is_named_as_such(tmp_path):
+    # A killed admission after its rename and before its store row: commands
+    # other than admit say what is there instead of "no case".
+    ws = _admitted(tmp_path)
+    source = standard_package(tmp_path / "src2")
+    killed = kit.doit("admit", "case=c2", f"source={source}", workspace=ws, env_extra={"VIANO_CRASH_AT": "admit:after-rename"})
+    assert killed.returncode != 0 and (ws / "cases" / "c2").is_dir()
+    for args in (("status", "case=c2"), ("build", "case=c2"), ("export", "case=c2", f"dest={tmp_path / 'out'}")):
+        line = _one_line_error(kit.doit(*args, workspace=ws), "UNKNOWN_CASE")
+        assert "though cases/c2 exists (an interrupted admission, cleared by the next admit of c2" in line, (args, line)
+    readmitted = kit.doit("admit", "case=c2", f"source={source}", workspace=ws)
+    assert readmitted.returncode == 0, readmitted.stderr
