@@ -144,7 +144,9 @@ def _describe(error) -> str:
     if keyword == "additionalProperties":
         allowed = set(error.schema.get("properties", {}))
         extra = sorted(k for k in error.instance if k not in allowed) if isinstance(error.instance, dict) else []
-        return "unknown field " + ", ".join(repr(one_line(k, 60)) for k in extra[:5])
+        # Quoted as given: the detail is folded onto one line once, where it
+        # is reported (escaping here as well showed every backslash thrice).
+        return "unknown field " + ", ".join(f'"{k[:60]}"' for k in extra[:5])
     if keyword == "pattern":
         if value == r"\S":
             return "must not be blank"

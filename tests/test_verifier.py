@@ -852,3 +852,13 @@ def test_check_never_claims_a_verdict_it_could_not_write(tmp_path):
                             capture_output=True, cwd=REPO, env=env, timeout=60)
     assert closed.returncode == 2
     assert closed.stderr.decode().splitlines() == ["INVALID_ARGUMENT: there is no standard input to read the request from"]
+
+
+def test_an_unknown_field_is_named_with_its_characters_escaped_once(tmp_path):
+    request = json.loads(encode(make()))
+    request["a\nb\\c\x1b"] = 1
+    path = tmp_path / "r.json"
+    path.write_bytes(json.dumps(request).encode())
+    out, err, code = verifier.check_file(str(path))
+    assert (out, code) == ("", 2)
+    assert err.endswith('unknown field "a\\nb\\\\c\\x1b" (#)\n'), err
