@@ -295,7 +295,7 @@ def test_rejection_names_the_field(server):
     assert "/case_id must not be blank" in assert_rejected(server, REJECTIONS["blank-case-id"])["detail"]
     assert "/verification/mode must be one of" in assert_rejected(server, REJECTIONS["unknown-mode"])["detail"]
     assert "JSON_DUPLICATE_KEY" in assert_rejected(server, REJECTIONS["duplicate-key"])["detail"]
-    assert "'extra'" in assert_rejected(server, REJECTIONS["unknown-top-level-field"])["detail"]
+    assert '"extra"' in assert_rejected(server, REJECTIONS["unknown-top-level-field"])["detail"]
 
 
 def test_exact_text_path_may_be_absent_or_empty(server):
