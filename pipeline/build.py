@@ -128,7 +128,7 @@ def open_existing_store(ws, case_id: str, *, read_only: bool = False):
         store = CheckpointStore(ws, read_only=read_only)
     except LifecycleError as error:
         if error.code == "UNKNOWN_CASE":
-            raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace") from None
+            raise _unknown_case(ws, case_id) from None
         raise
     try:
         known = store.exists(case_id)
@@ -137,16 +137,22 @@ def open_existing_store(ws, case_id: str, *, read_only: bool = False):
         raise
     if not known:
         store.close()
-        if os.path.lexists(ws.case_dir(case_id)):
-            # A tree without its store row: a crashed admission's (the next
-            # admit of the id clears it) or a store that lost the row.
-            raise LifecycleError(
-                "UNKNOWN_CASE",
-                f"no case {case_id} in the store, though cases/{case_id} exists (an interrupted admission, "
-                f"cleared by the next admit of {case_id}, or a store that lost its row)",
-            )
-        raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace")
+        raise _unknown_case(ws, case_id)
     return store
+
+
+def _unknown_case(ws, case_id: str):
+    from .errors import LifecycleError
+
+    if os.path.lexists(ws.case_dir(case_id)):
+        # A tree without its store row: a crashed admission's (the next
+        # admit of the id clears it) or a store that lost the row.
+        return LifecycleError(
+            "UNKNOWN_CASE",
+            f"no case {case_id} in the store, though cases/{case_id} exists (an interrupted admission, "
+            f"cleared by the next admit of {case_id}, or a store that lost its row)",
+        )
+    return LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace")
 
 
 def _package(ws, case_id, package_id, cache: BuildCache | None = None):

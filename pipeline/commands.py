@@ -482,6 +482,7 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         "manifest.json": pretty_bytes(manifest),
     }
     written: list[Path] = []
+    attempted: tuple[Path, bytes] | None = None
     try:
         if destination.exists() and not destination.is_dir():
             raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
@@ -496,11 +497,21 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         destination.mkdir(parents=True, exist_ok=True)
         for name, data in outputs.items():
             if not (destination / name).exists():
-                written.append(destination / name)  # before: a failure after its link leaves it there
+                attempted = (destination / name, data)
                 write_durable(destination, name, data)
+                written.append(destination / name)
+                attempted = None
     except BaseException as error:
         # The three files are one export: a failure part way (a full disk)
         # takes back what this run wrote, so none of a set is left alone.
+        if attempted is not None:
+            # A failure after its link (the directory's fsync) leaves it
+            # there; a file another process put there meanwhile differs, or
+            # is what this run wrote anyway.
+            path, data = attempted
+            with contextlib.suppress(OSError):
+                if path.is_file() and not path.is_symlink() and _holds(path, data):
+                    written.append(path)
         for path in written:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -181,8 +182,11 @@ def _db_error(exc: sqlite3.Error, what: str) -> VianoError:
 def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
     """A read-only connection. A WAL database needs its shared-memory file,
     which a read-only filesystem cannot give when the last writer closed
-    cleanly (and removed it): there no writer can exist either, so the file
-    is opened as immutable, which needs none."""
+    cleanly (and removed it). Then the file is opened as immutable, which
+    needs none but also reads no write-ahead log: refused when one holds
+    changes not yet merged, which that read would silently miss. (A writer
+    may still work through another mount of the same files; what it merges
+    meanwhile an immutable read may miss too: status there is a snapshot.)"""
     uri = path.absolute().as_uri()
     conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
     try:
@@ -192,6 +196,12 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
         conn.close()
         if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not _on_read_only_filesystem(path.parent):
             raise
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise LifecycleError(
+            "IO_ERROR", "the checkpoint store has changes not yet merged from its write-ahead log and sits on a "
+            "read-only filesystem, where they cannot be read", path=path.name,
+        )
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
 
 
@@ -229,6 +239,9 @@ class CheckpointStore:
             if not create or read_only:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")
             path.parent.mkdir(parents=True, exist_ok=True)
+        elif not stat.S_ISREG(os.stat(path).st_mode):
+            # A FIFO would hold a read-only open until some writer came.
+            raise LifecycleError("IO_ERROR", "the checkpoint store is not a regular file", path=path.name)
         try:
             if read_only:
                 conn = _connect_read_only(path, busy_timeout)

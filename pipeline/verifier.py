@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -510,17 +511,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out, err, code = check_file(args.file)
     try:
+        if sys.stdout is None:  # started with standard output closed
+            raise OSError(errno.EBADF, "standard output is closed")
         sys.stdout.write(out)
         sys.stdout.flush()
     except OSError as exc:
         # The verdict never reached its reader (a full disk, a closed pipe):
         # neither 0 nor 1 may be claimed for it.
         err, code = f"IO_ERROR: cannot write the result: {exc.strerror or exc}\n", 2
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit fails no more
             os.close(devnull)
-    sys.stderr.write(err)
+    if sys.stderr is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(err)
+            sys.stderr.flush()
     return code
 
 

@@ -848,6 +848,13 @@ def test_check_never_claims_a_verdict_it_could_not_write(tmp_path):
                                 stdout=full, stderr=subprocess.PIPE, cwd=REPO, env=env, timeout=60)
     assert result.returncode == 2
     assert result.stderr.decode().splitlines() == ["IO_ERROR: cannot write the result: No space left on device"]
+    no_stdout = subprocess.run(f"{shlex.quote(sys.executable)} -m pipeline.verifier check {shlex.quote(str(path))} >&-",
+                               shell=True, stdout=None, stderr=subprocess.PIPE, cwd=REPO, env=env, timeout=60)
+    assert no_stdout.returncode == 2
+    assert no_stdout.stderr.decode().splitlines() == ["IO_ERROR: cannot write the result: standard output is closed"]
+    neither = subprocess.run(f"{shlex.quote(sys.executable)} -m pipeline.verifier check {shlex.quote(str(path))} >&- 2>&-",
+                             shell=True, cwd=REPO, env=env, timeout=60)
+    assert neither.returncode == 2
     closed = subprocess.run(f"{shlex.quote(sys.executable)} -m pipeline.verifier check - <&-", shell=True,
                             capture_output=True, cwd=REPO, env=env, timeout=60)
     assert closed.returncode == 2

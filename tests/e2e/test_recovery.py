@@ -1143,3 +1143,64 @@ def test_a_case_directory_without_its_store_row_is_named_as_such(tmp_path):
         assert "though cases/c2 exists (an interrupted admission, cleared by the next admit of c2" in line, (args, line)
     readmitted = kit.doit("admit", "case=c2", f"source={source}", workspace=ws)
     assert readmitted.returncode == 0, readmitted.stderr
+
+
+def test_status_of_a_store_that_is_a_fifo_is_one_coded_line_at_once(tmp_path):
+    # A read-only open of a FIFO waits for a writer that never comes.
+    ws = _admitted(tmp_path)
+    store = ws / "checkpoints.sqlite3"
+    store.unlink()
+    os.mkfifo(store)
+    for command in ("status", "probes", "build"):
+        line = _one_line_error(kit.doit(command, "case=c1", workspace=ws, timeout=60), "IO_ERROR")
+        assert "not a regular file" in line, (command, line)
+
+
+def test_status_on_a_read_only_workspace_refuses_a_log_it_cannot_read(tmp_path):
+    # Opened as immutable (no shared-memory file can be made there), SQLite
+    # would skip the write-ahead log and show an older state without a word.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); c.execute('select 1 from cases').fetchall(); "
+                               "print('ready', flush=True); time.sleep(60)", str(ws / "checkpoints.sqlite3")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert kit.doit("reopen", "case=c1", "by=human:a", "reason=r", workspace=ws).returncode == 0
+    finally:
+        holder.kill()  # its connection never merged the log: it stays
+        holder.wait()
+        holder.stdout.close()
+    (ws / "checkpoints.sqlite3-shm").unlink()
+    assert (ws / "checkpoints.sqlite3-wal").stat().st_size > 0
+    result = _in_mount_namespace(f"mount --bind -o ro {shlex.quote(str(ws))} {shlex.quote(str(ws))} && "
+                                 + _doit_line("status", "case=c1", workspace=ws))
+    line = _one_line_error(result, "IO_ERROR")
+    assert "write-ahead log" in line and "read-only filesystem" in line
+
+
+def test_a_failed_export_takes_back_only_what_it_wrote(tmp_path, monkeypatch):
+    # Another party puts a different case_summary.md in the destination just
+    # before this export links its own: the export refuses (never overwrites)
+    # and takes back its case.json, but their file stays.
+    from pipeline import packages
+    from pipeline.commands import cmd_export
+    from pipeline.errors import VianoError
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out"
+    real = packages.write_durable
+
+    def racing(directory, name, data):
+        if name == "case_summary.md":
+            (Path(directory) / name).write_bytes(b"theirs\n")
+        return real(directory, name, data)
+
+    monkeypatch.setattr(packages, "write_durable", racing)
+    with pytest.raises(VianoError) as info:
+        cmd_export(case="c1", dest=str(dest), workspace=str(ws))
+    assert info.value.code == "CONTENT_CONFLICT"
+    assert sorted(p.name for p in dest.iterdir()) == ["case_summary.md"]
+    assert (dest / "case_summary.md").read_bytes() == b"theirs\n"
