@@ -461,12 +461,25 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     if _inside_workspace(destination, ws.root):
         raise VianoError("INVALID_ARGUMENT", f"dest {dest} is inside the workspace")
 
-    store = _existing_store(ws, case_id)
-    try:
-        with _caught_up(ws, store, case_id) as (record, package):
-            pass  # a publication whose checkpoint was lost is confirmed first
-    finally:
-        store.close()
+    if _read_only_filesystem(ws.root):
+        # Nothing can be locked or rolled forward there (an archived
+        # workspace, a read-only mount): the store's last confirmed state is
+        # exported as it stands.
+        from .packages import Package
+
+        store = _existing_store(ws, case_id, read_only=True)
+        try:
+            record = store.get(case_id)
+        finally:
+            store.close()
+        package = Package(ws, case_id, record.package_id)
+    else:
+        store = _existing_store(ws, case_id)
+        try:
+            with _caught_up(ws, store, case_id) as (record, package):
+                pass  # a publication whose checkpoint was lost is confirmed first
+        finally:
+            store.close()
     current = package.manifest(record.generation)
     case_path = current.get("artifacts", {}).get("case")
     if not case_path:
@@ -527,6 +540,13 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
             f"note: revision {current['analysis_revision']} has no case yet; "
             f"this is the case of revision {manifest['analysis_revision']}"
         )
+
+
+def _read_only_filesystem(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False  # not there: the store lookup says so
 
 
 def _inside_workspace(destination: Path, workspace_root: Path) -> bool:

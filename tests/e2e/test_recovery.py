@@ -1204,3 +1204,20 @@ def test_a_failed_export_takes_back_only_what_it_wrote(tmp_path, monkeypatch):
     assert info.value.code == "CONTENT_CONFLICT"
     assert sorted(p.name for p in dest.iterdir()) == ["case_summary.md"]
     assert (dest / "case_summary.md").read_bytes() == b"theirs\n"
+
+
+def test_export_from_a_read_only_workspace(tmp_path):
+    # An archived or read-only mounted workspace: nothing can be locked or
+    # rolled forward there, and the confirmed case is exported as it stands.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out"
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(f"mount --bind -o ro {shlex.quote(str(ws))} {shlex.quote(str(ws))} && "
+                                 + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
+    assert result.returncode == 0, result.stderr
+    assert "exported case c1 revision 1" in result.stdout
+    published = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001"
+    assert (dest / "case.json").read_bytes() == (published / "case.json").read_bytes()
+    assert (dest / "case_summary.md").read_bytes() == (published / "case_summary.md").read_bytes()
+    assert kit.tree_digest(ws) == before
