@@ -105,6 +105,20 @@ def _caught_up(ws, store, case_id: str):
         yield roll_forward(store, package, case_id), package
 
 
+def _observed(ws, case_id: str):
+    """``(record, package)`` as the store last recorded them, read without
+    taking the case lock or writing anything (status, probes, a read-only
+    workspace)."""
+    from .packages import Package
+
+    store = _existing_store(ws, case_id, read_only=True)
+    try:
+        record = store.get(case_id)
+    finally:
+        store.close()
+    return record, Package(ws, case_id, record.package_id)
+
+
 def _out(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -461,18 +475,13 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     if _inside_workspace(destination, ws.root):
         raise VianoError("INVALID_ARGUMENT", f"dest {dest} is inside the workspace")
 
-    if _read_only_filesystem(ws.root):
+    from .lifecycle import on_read_only_filesystem
+
+    if on_read_only_filesystem(ws.root):
         # Nothing can be locked or rolled forward there (an archived
         # workspace, a read-only mount): the store's last confirmed state is
         # exported as it stands.
-        from .packages import Package
-
-        store = _existing_store(ws, case_id, read_only=True)
-        try:
-            record = store.get(case_id)
-        finally:
-            store.close()
-        package = Package(ws, case_id, record.package_id)
+        record, package = _observed(ws, case_id)
     else:
         store = _existing_store(ws, case_id)
         try:
@@ -540,13 +549,6 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
             f"note: revision {current['analysis_revision']} has no case yet; "
             f"this is the case of revision {manifest['analysis_revision']}"
         )
-
-
-def _read_only_filesystem(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False  # not there: the store lookup says so
 
 
 def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
@@ -642,17 +644,11 @@ def cmd_status(case=None, workspace=None) -> None:
 @_coded
 def cmd_probes(case=None, workspace=None) -> int:
     """Print the two probe candidates for an unresolved built case, or say none."""
-    from .packages import Package
     from .probes import probes_command_output
 
     case_id, ws = _context(case, workspace)
     limits = CaseBuilderLimits()
-    store = _existing_store(ws, case_id, read_only=True)
-    try:
-        record = store.get(case_id)
-    finally:
-        store.close()
-    package = Package(ws, case_id, record.package_id)
+    record, package = _observed(ws, case_id)
     manifest = package.manifest(record.generation)
     path = manifest.get("artifacts", {}).get("case")
     if not path:

@@ -194,7 +194,7 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
         return conn
     except sqlite3.OperationalError as exc:
         conn.close()
-        if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not _on_read_only_filesystem(path.parent):
+        if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not on_read_only_filesystem(path.parent):
             raise
     wal = path.with_name(path.name + "-wal")
     if wal.exists() and wal.stat().st_size > 0:
@@ -205,7 +205,8 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
 
 
-def _on_read_only_filesystem(directory) -> bool:
+def on_read_only_filesystem(directory) -> bool:
+    """Whether ``directory`` is on a filesystem mounted read-only (False when it cannot be told)."""
     try:
         return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
     except OSError:
