@@ -5,7 +5,8 @@ case document") into ``case_summary.md``. It is pure: no I/O, clock, locale,
 environment or hash-seed dependence; the same case gives the same string, and
 the input is never mutated. It adds no interpretation: every supplied string
 is shown verbatim (escaped), labelled with its id and its provenance
-``source#pointer``; an empty list is shown as "None supplied.".
+``source#pointer``; an empty list is shown as "None supplied.", or as
+"None found." for what the builder derives (gaps, claim conflicts).
 
 Every supplied string (ids and paths included) goes through
 :func:`escape_inline`, so nothing a tester or a research provider wrote can
@@ -53,6 +54,7 @@ __all__ = [
     "EscapeMemo",
     "LineMemo",
     "LINE_BREAK_MARKER",
+    "NONE_FOUND",
     "NONE_SUPPLIED",
     "SECTION_HEADINGS",
     "escape_inline",
@@ -62,8 +64,12 @@ __all__ = [
 
 #: What a supplied line break becomes (U+2424 SYMBOL FOR NEWLINE).
 LINE_BREAK_MARKER = "\u2424"
-#: The whole content of an empty section or list.
+#: The whole content of an empty section or list of supplied data.
 NONE_SUPPLIED = "None supplied."
+#: The whole content of an empty list the builder derives (gaps, claim
+#: conflicts): nobody supplies those, so "None supplied." would misstate whose
+#: finding the absence is.
+NONE_FOUND = "None found."
 
 #: The fixed headings, in output order (level, text). Always all present.
 SECTION_HEADINGS: tuple[tuple[int, str], ...] = (
@@ -604,12 +610,12 @@ def _data_quality(case: dict) -> list[str]:
             ],
         )
         if gaps
-        else NONE_SUPPLIED
+        else NONE_FOUND
     )
     blocks.append(_heading(3, "Claim conflicts"))
     conflicts = dq["claim_conflicts"]
     if not conflicts:
-        blocks.append(NONE_SUPPLIED)
+        blocks.append(NONE_FOUND)
     for c in conflicts:
         blocks.append(f"Claim key {_scalar(c['key'])} in {_scalar(c['block'])}:")
         rows = [

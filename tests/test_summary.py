@@ -27,6 +27,7 @@ from cmarkgfm.cmark import Options as CmarkOptions
 from pipeline import summary
 from pipeline.summary import (
     LINE_BREAK_MARKER,
+    NONE_FOUND,
     NONE_SUPPLIED,
     SECTION_HEADINGS,
     escape_inline,
@@ -577,8 +578,11 @@ def test_empty_case_says_none_supplied():
     check_structure(text)
     # Titles, summaries, three tester lists, declarations, statements,
     # citations, reproductions, entities, facts, runtime context, database,
-    # source, unclassified, results, supplied research, claim conflicts, inputs.
-    assert text.count(f"\n\n{NONE_SUPPLIED}\n") == 19
+    # source, unclassified, results, supplied research, inputs.
+    assert text.count(f"\n\n{NONE_SUPPLIED}\n") == 18
+    # Claim conflicts are the builder's own finding, not anybody's supply.
+    assert text.count(f"\n\n{NONE_FOUND}\n") == 1
+    assert "### Claim conflicts\n\nNone found.\n" in text
     assert "[^" not in text
     assert "| Research request | none |" in text
 
