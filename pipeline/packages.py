@@ -838,6 +838,26 @@ class Package:
             raise IntegrityError("INTEGRITY_ERROR", "content does not match the manifest's size and SHA-256", path=relpath)
         return data
 
+    def holds(self, relpath: str, size: int, sha256: str) -> bool:
+        """Whether ``relpath`` is still a regular file of exactly ``size``
+        bytes with this SHA-256. A yes-or-no look that raises nothing: a
+        missing, unsafe, unreadable or changed file is "no", and the caller
+        takes the path that names the problem (reading with
+        :meth:`read_verified`)."""
+        try:
+            fd = self._open_content(relpath)
+        except (OSError, VianoError):
+            return False
+        try:
+            if os.fstat(fd).st_size != size:
+                return False
+            with open(fd, "rb", closefd=False) as handle:
+                return hashlib.file_digest(handle, "sha256").hexdigest() == sha256
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
     def verify_file(self, relpath: str, *, manifest: dict | None = None, progress: Progress | None = None) -> tuple[str, int]:
         """Stream ``relpath`` in 1 MiB chunks and return its (sha256, size) if they match the manifest."""
         _, entry = self._entry(relpath, manifest)

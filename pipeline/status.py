@@ -88,21 +88,16 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
 
 def _damaged_outputs(package, plan: dict) -> str | None:
     """The first published output of the plan's revision whose file is gone or
-    not the size its manifest says (a cheap look: reusing the case reads and
-    verifies them in full), or None."""
-    import os
-
+    not the size and SHA-256 its manifest says (as a build checks them before
+    it reuses the case), or None."""
     try:
         files = package.manifest()["files"]
     except VianoError:
         return None  # the manifest itself fails: the rows above say so
     for key in ("case", "case_summary", "case_built"):
         path = plan["outputs"][key]
-        try:
-            size = os.lstat(package.content_dir / path).st_size
-        except OSError:
-            return path
-        if path not in files or files[path]["size"] != size:
+        entry = files.get(path)
+        if entry is None or not package.holds(path, entry["size"], entry["sha256"]):
             return path
     return None
 

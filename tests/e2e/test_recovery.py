@@ -1221,3 +1221,43 @@ def test_export_from_a_read_only_workspace(tmp_path):
     assert (dest / "case.json").read_bytes() == (published / "case.json").read_bytes()
     assert (dest / "case_summary.md").read_bytes() == (published / "case_summary.md").read_bytes()
     assert kit.tree_digest(ws) == before
+
+
+@pytest.mark.parametrize("output", ["case.json", "case_summary.md", "case-built.json"])
+@pytest.mark.parametrize("damage", ["one byte flipped", "truncated"])
+def test_a_no_op_build_checks_the_published_outputs_and_names_their_damage(tmp_path, output, damage):
+    # Seed 001: repeats check the case contract and summary before they reuse
+    # them. A published output changed in place (same size or not) must not be
+    # called confirmed by a no-op build with its cache, as it is not without.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    target = kit.package_dir(ws, "c1") / "content" / "case" / "revisions" / "0001" / output
+    data = bytearray(target.read_bytes())
+    if damage == "truncated":
+        del data[-1]
+    else:
+        data[len(data) // 2] ^= 0x01
+    target.chmod(0o644)
+    target.write_bytes(bytes(data))
+    before = kit.tree_digest(ws)
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert f"publish: would fail: the confirmed case/revisions/0001/{output} is missing or changed" in status.stdout
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+    assert line.endswith(f"(case/revisions/0001/{output})")
+    assert kit.tree_digest(ws) == before
+    shutil.rmtree(ws / ".cache" / "c1")  # the cache-less build says the same
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+    assert line.endswith(f"(case/revisions/0001/{output})")
+
+
+def test_a_no_op_build_still_reuses_outputs_only_touched(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    content = kit.package_dir(ws, "c1") / "content"
+    manifests = sorted(p.name for p in (content.parent / "manifests").iterdir())
+    for output in ("case.json", "case_summary.md", "case-built.json"):
+        os.utime(content / "case" / "revisions" / "0001" / output, ns=(1, 1))
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "confirmed at generation 2" in again.stdout
+    assert sorted(p.name for p in (content.parent / "manifests").iterdir()) == manifests
