@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -353,13 +354,19 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
 
                 cache.remove_stale_temps()
                 key = _plan_key(package, record, limits)
+                stamps = _read_content_stamps(cache)
+                recorded = dict(stamps)
+                content_dir = os.fspath(package.content_dir)
                 if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
                     # Nothing the plan derives from changed: same builder code, same
                     # store record, byte-identical snapshot manifest (which pins every
-                    # input's sha256). Re-planning would read the same immutable bytes.
+                    # input's sha256). Re-planning would read the same immutable bytes,
+                    # unless one of them was damaged since it was last read.
                     plan = cache.read_json(cache.plan)
                     prior = plan["prior_case"]
-                    if prior is None or cache.prior_view(prior["path"], prior["sha256"]).exists():
+                    if not _forget_changed_content(cache, content_dir, plan, stamps) and (
+                        prior is None or cache.prior_view(prior["path"], prior["sha256"]).exists()
+                    ):
                         return plan
                 already_confirmed = store.confirmed(case_id, step_id_for(record.analysis_revision)) is not None
                 read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed, cache=cache)
@@ -393,6 +400,8 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # generations since then added only generated outputs (excluded from
                     # the request hash), so planning that snapshot gives the same plan.
                     plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
+                _forget_changed_content(cache, content_dir, plan, stamps)
+                _keep_content_stamps(cache, plan, stamps, recorded)
                 cache.write_json(cache.plan, plan)
                 # Kept apart from the plan: it changes with every publication, and the
                 # plan is a file_dep of assemble, which must not rerun for that.
@@ -404,6 +413,76 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     finally:
         store.close()
     return plan
+
+
+# Content is immutable, and each record derived from a content file (a read
+# input, an opaque REF, a prior case's view) is named by that file's sha256,
+# so a build trusts the records instead of reading every input again. What
+# that trust cannot see is damage: a file changed in place after its record
+# was made. Seed 001 has inherited inputs hash-checked and re-read, and a
+# build without the cache would do just that and refuse the damage. So every
+# build compares each file the plan relies on with the stamp (size, mtime,
+# type) it had when its records were last trusted, and forgets the records of
+# any file whose stamp moved: the task that reads it runs again and verifies
+# its bytes against the manifest (a touched file passes and is trusted again;
+# a damaged one is INTEGRITY_ERROR, as without the cache). One lstat a file;
+# no inode or change time, so a workspace copied with its times (cp -a,
+# rsync -a, a backup) keeps its records. A change that keeps the size and
+# forges the mtime is found only by a build without the cache.
+
+
+def _content_stamp(content_dir: str, path: str) -> list | None:
+    try:
+        st = os.lstat(f"{content_dir}/{path}")
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, stat.S_IFMT(st.st_mode)]
+
+
+def _relied_on(plan: dict) -> dict[str, str]:
+    """The content files the plan's records derive from, with their sha256."""
+    files = {path: entry["sha256"] for path, entry in plan["files"].items()}
+    prior = plan["prior_case"]
+    if prior is not None:
+        files[prior["path"]] = prior["sha256"]
+    return files
+
+
+def _read_content_stamps(cache: BuildCache) -> dict:
+    try:
+        stamps = cache.read_json(cache.content_stamps)
+    except (OSError, ValueError, VianoError):
+        return {}
+    return stamps if isinstance(stamps, dict) else {}
+
+
+def _forget_changed_content(cache: BuildCache, content_dir: str, plan: dict, stamps: dict) -> bool:
+    """Forget the records of each file the plan relies on whose stamp is not
+    the one in ``stamps`` (updated to the current ones); whether there was any.
+    A moved stamp of the prior case only makes the caller plan again:
+    planning verifies the prior case's bytes before it uses its view."""
+    changed = {}
+    moved = False
+    for path, sha256 in _relied_on(plan).items():
+        stamp = _content_stamp(content_dir, path)
+        if stamps.get(path) != stamp:
+            stamps[path] = stamp
+            moved = True
+            if path in plan["files"]:
+                changed[path] = sha256
+    if changed:
+        cache.forget_records_of(changed)
+    return moved
+
+
+def _keep_content_stamps(cache: BuildCache, plan: dict, stamps: dict, recorded: dict) -> None:
+    kept = {path: stamps.get(path) for path in _relied_on(plan)}
+    if kept == recorded:
+        return
+    try:
+        cache.write_json(cache.content_stamps, kept)
+    except OSError:
+        pass  # the next build finds the stamps moved and reads those files again
 
 
 def _plan_key(package, record, limits: CaseBuilderLimits) -> str:

@@ -10,6 +10,7 @@ content (published files are only ever created with ``os.link``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -51,6 +52,29 @@ class BuildCache:
     @property
     def store_state(self) -> Path:
         return self.root / "store-state.json"
+
+    @property
+    def content_stamps(self) -> Path:
+        """The size, mtime and type of each content file the plan relies on, as
+        they stood when its records were last trusted (pipeline.build)."""
+        return self.root / "content-stamps.json"
+
+    def forget_records_of(self, changed: dict[str, str]) -> None:
+        """Remove every record derived from these content files (``{path:
+        sha256}``): input records, opaque REFs and prior-case views are named
+        ``<sha256>.<...>.<path key>...``, so whatever reads them next reads
+        and verifies the file again. One pass over each folder."""
+        wanted = {(sha256, _path_key(path)) for path, sha256 in changed.items()}
+        for folder in (self._documents, os.fspath(self.root / "opaque")):
+            try:
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                parts = entry.name.split(".")
+                if len(parts) >= 3 and any((parts[0], key) in wanted for key in parts[1:]):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
 
     def prior_view(self, path: str, sha256: str) -> Path:
         """Where planning leaves a prior case's view (:mod:`pipeline.prior`)."""

@@ -1261,3 +1261,63 @@ def test_a_no_op_build_still_reuses_outputs_only_touched(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "confirmed at generation 2" in again.stdout
     assert sorted(p.name for p in (content.parent / "manifests").iterdir()) == manifests
+
+
+def _damage_in_place(path: Path) -> None:
+    """Change one byte without changing the size (a bit flip; a rewrite by hand)."""
+    data = bytearray(path.read_bytes())
+    at = data.index(b"e")  # inside a JSON string or a log line: still the same size
+    data[at] = ord("E")
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+
+
+def _executed(result) -> list[str]:
+    return [line[3:] for line in result.stderr.splitlines() if line.startswith(".  ")]
+
+
+@pytest.mark.parametrize(
+    ("damaged", "after"),
+    [
+        ("original/report-a.json", "reopen"),  # inherited by the next revision (seed 001: hash-checked, re-read)
+        ("original/report-a.json", "nothing"),  # a no-op of the confirmed case
+        ("original/runtime.log", "nothing"),  # an opaque file: its REF is cached too
+        ("original/case-inputs.json", "nothing"),  # the index: the cached plan is derived from it
+    ],
+)
+def test_a_build_with_its_cache_finds_content_damaged_since_it_was_read(tmp_path, damaged, after):
+    # Records derived from a content file are trusted by its sha256, so a file
+    # changed in place after its record was made must still be found: the
+    # build refuses it as a build without the cache does.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    if after == "reopen":
+        assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+    _damage_in_place(kit.package_dir(ws, "c1") / "content" / damaged)
+    before = kit.tree_digest(kit.package_dir(ws, "c1"))  # (the build may keep its start checkpoint)
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+    assert line.endswith(f"({damaged})")
+    assert kit.tree_digest(kit.package_dir(ws, "c1")) == before
+    shutil.rmtree(ws / ".cache" / "c1")
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+    assert line.endswith(f"({damaged})")
+
+
+def test_a_touched_input_is_verified_again_once_and_a_restored_copy_reads_nothing_again(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert _executed(kit.doit("build", "case=c1", workspace=ws)) == ["validate_index"]
+    # Same bytes, new mtime: read and verified again, then trusted again.
+    os.utime(kit.package_dir(ws, "c1") / "content" / "original" / "report-b.json", ns=(5, 5))
+    touched = kit.doit("build", "case=c1", workspace=ws)
+    assert touched.returncode == 0, touched.stderr
+    assert _executed(touched) == ["validate_index", "read_input:original/report-b.json"]
+    assert _executed(kit.doit("build", "case=c1", workspace=ws)) == ["validate_index"]
+    # A workspace restored from a copy that kept the times (cp -a, rsync -a,
+    # a backup): new inodes and change times, same records trusted.
+    aside = tmp_path / "aside"
+    ws.rename(aside)
+    shutil.copytree(aside, ws, symlinks=True)
+    restored = kit.doit("build", "case=c1", workspace=ws)
+    assert restored.returncode == 0, restored.stderr
+    assert _executed(restored) == ["validate_index"]
