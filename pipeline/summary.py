@@ -549,7 +549,8 @@ def _facts(case: dict) -> list[str]:
             value = f"see {_loc(ref['source'], ref['pointer'])}"
         rows.append([_scalar(f["id"]), _scalar(f["name"]), value, _prov(f["provenance"])])
     return [
-        "Values are shown as canonical JSON.",
+        # Seed 001: supplied facts, not independently verified technical findings.
+        "Facts as supplied in reproductions, not independently verified. Values are shown as canonical JSON.",
         _heading(3, "Facts"),
         _table(["Id", "Name", "Value", "Source"], rows) if rows else NONE_SUPPLIED,
         _heading(3, "Runtime context files"),

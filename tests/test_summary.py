@@ -585,6 +585,8 @@ def test_empty_case_says_none_supplied():
     assert "### Claim conflicts\n\nNone found.\n" in text
     assert "[^" not in text
     assert "| Research request | none |" in text
+    # Facts are what reproductions supplied, and the summary says so.
+    assert "## Runtime facts\n\nFacts as supplied in reproductions, not independently verified." in text
 
 
 def test_deterministic_and_does_not_mutate():
