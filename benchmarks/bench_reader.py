@@ -174,7 +174,7 @@ def _naive_reader():
 
     validators = {
         name: Draft202012Validator(
-            contracts.SCHEMAS[name], registry=contracts.REGISTRY, format_checker=Draft202012Validator.FORMAT_CHECKER
+            contracts.SCHEMAS[name], registry=contracts.REGISTRY, format_checker=contracts.FORMAT_CHECKER
         )
         for name in ("bug-report", "reproduction")
     }

@@ -10,6 +10,7 @@ building the registry costs about a tenth of a second, which a no-op rebuild
 from __future__ import annotations
 
 __all__ = [
+    "FORMAT_CHECKER",
     "REGISTRY",
     "SCHEMA_IDS",
     "SCHEMAS",

@@ -13,8 +13,9 @@ fetch (jsonschema without an explicit ``registry=`` would fetch remote refs).
 Validators are Draft 2020-12 with two guarantees a default validator lacks:
 
 * ``date-time`` is really checked: the format checker is always passed, and
-  importing this package fails if ``rfc3339-validator`` is missing (without it
-  jsonschema silently accepts any string as a date-time);
+  its ``date-time`` is :func:`contracts.date_time.is_date_time`, the very
+  test the Structs make (jsonschema's own needs an optional package and
+  silently accepts any string without it; it also refuses leap seconds);
 * ``integer`` means a JSON integer: ``1.0`` is not an integer here
   (RELIABILITY.md 25), although the JSON Schema data model calls it one.
 
@@ -36,10 +37,12 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from referencing.jsonschema import DRAFT202012
 
+from contracts.date_time import is_date_time
 from pipeline.errors import CaseBuildError, VianoError
 from pipeline.jsoncanon import json_pointer
 
 __all__ = [
+    "FORMAT_CHECKER",
     "REGISTRY",
     "SCHEMA_IDS",
     "SCHEMAS",
@@ -54,8 +57,15 @@ _SUFFIX = "-v1.schema.json"
 _ID_PREFIX = "urn:viano:"
 _MAX_SCHEMA_BYTES = 4 << 20
 
-if "date-time" not in Draft202012Validator.FORMAT_CHECKER.checkers:  # pragma: no cover - install check
-    raise ImportError("rfc3339-validator is required: without it date-time formats are not checked")
+
+def _conforms_to_date_time(instance: object) -> bool:
+    # A format constrains strings only; other types are the schema's "type" to judge.
+    return not isinstance(instance, str) or is_date_time(instance)
+
+
+#: Draft 2020-12's format checker with the contracts' ``date-time``.
+FORMAT_CHECKER = jsonschema.FormatChecker(Draft202012Validator.FORMAT_CHECKER.checkers)
+FORMAT_CHECKER.checks("date-time")(_conforms_to_date_time)
 
 
 def _is_json_integer(checker, instance: object) -> bool:
@@ -128,7 +138,7 @@ def validator(name: str) -> Draft202012Validator:
     return Validator(
         SCHEMAS[name],
         registry=REGISTRY,
-        format_checker=Draft202012Validator.FORMAT_CHECKER,
+        format_checker=FORMAT_CHECKER,
     )
 
 

@@ -21,9 +21,9 @@ How each schema rule is restated:
 * ``integer`` is a JSON integer: msgspec refuses ``1.0`` and ``true`` for
   ``int`` just as the contracts' validator does.
 * ``date-time`` is checked in ``__post_init__`` with the very function the
-  jsonschema format checker calls (``rfc3339_validator.validate_rfc3339`` on
-  the upper-cased text) instead of msgspec's ``datetime``, whose parser
-  accepts naive times and differs on details.
+  schemas' format checker calls (:func:`contracts.date_time.is_date_time`)
+  instead of msgspec's ``datetime``, whose parser accepts naive times and
+  differs on details.
 * "any JSON" (a claim's or fact's ``value``) is :data:`typing.Any`.
 """
 

@@ -277,7 +277,7 @@ def test_a_remote_ref_is_never_fetched(no_network):
         "properties": {"x": {"$ref": "https://example.invalid/x.json"}},
     }
     checker = contracts.Validator(
-        schema, registry=contracts.REGISTRY, format_checker=Draft202012Validator.FORMAT_CHECKER
+        schema, registry=contracts.REGISTRY, format_checker=contracts.FORMAT_CHECKER
     )
     with pytest.raises(CaseBuildError) as info:
         contracts.schemas._validate_with(checker, "test-remote", {"x": 1}, path="t.json", error=CaseBuildError)  # noqa: SLF001
@@ -437,16 +437,76 @@ def test_research_result_shape():
 # -- Struct parity ------------------------------------------------------------
 
 
-def test_is_date_time_matches_the_format_checker():
-    checker = Draft202012Validator.FORMAT_CHECKER
-    for value in ["2024-01-01T10:00:00Z", "2024-02-29T10:00:00Z", "2023-02-29T10:00:00Z", "0000-01-01T00:00:00Z",
-                  "2024-04-31T00:00:00z", "2024-12-31t23:59:59.999-23:59", "2024-01-01T10:00:00", "2024-01-01T24:00:00Z"]:
-        assert is_date_time(value) == checker.conforms(value, "date-time"), value
+#: The JSON Schema Test Suite's date-time cases (draft2020-12/optional/format/
+#: date-time.json), plus the calendar and newline cases of our own.
+DATE_TIME_CASES = [
+    ("1963-06-19T08:30:06.283185Z", True),
+    ("1963-06-19T08:30:06Z", True),
+    ("1937-01-01T12:00:27.87+00:20", True),
+    ("1990-12-31T15:59:50.123-08:00", True),
+    ("1998-12-31T23:59:60Z", True),  # a leap second, UTC
+    ("1998-12-31T15:59:60.123-08:00", True),  # a leap second, 23:59:60 in UTC
+    ("1998-12-31T23:58:60Z", False),  # a leap second at the wrong minute
+    ("1998-12-31T22:59:60Z", False),  # ... at the wrong hour
+    ("1998-12-31T23:59:61Z", False),
+    ("1990-02-31T15:59:59.123-08:00", False),
+    ("1990-12-31T15:59:59-24:00", False),
+    ("1963-06-19T08:30:06.28123+01:00Z", False),
+    ("06/19/1963 08:30:06 PST", False),
+    ("1963-06-19t08:30:06.283185z", True),
+    ("2013-350T01:01:01", False),
+    ("1963-6-19T08:30:06.283185Z", False),
+    ("1963-06-1T08:30:06.283185Z", False),
+    ("1963-06-1\u09eaT00:00:00Z", False),  # a Bengali digit
+    ("1963-06-11T0\u09ea:00:00Z", False),
+    ("2024-02-29T10:00:00Z", True),
+    ("2023-02-29T10:00:00Z", False),
+    ("0000-01-01T00:00:00Z", False),
+    ("2024-04-31T00:00:00z", False),
+    ("2024-12-31t23:59:59.999-23:59", True),
+    ("2024-01-01T10:00:00", False),  # naive
+    ("2024-01-01T24:00:00Z", False),
+    ("2024-01-01T10:00:00Z\n", False),
+    ("2024-01-01T10:00:00+01:00\n", False),
+]
+
+
+@pytest.mark.parametrize(("value", "valid"), DATE_TIME_CASES)
+def test_date_time_cases_in_schema_struct_and_format_checker(value, valid):
+    assert is_date_time(value) is valid
+    assert contracts.FORMAT_CHECKER.conforms(value, "date-time") is valid
+    report = {"format": "viano-bug-report", "format_version": 1, "observations": [{"text": "x", "observed_at": value}]}
+    assert schema_accepts("bug-report", report) is valid
+    assert struct_accepts("bug-report", report) is valid
+
+
+def test_the_format_checker_leaves_other_types_to_the_schema():
+    for value in (12, 13.7, {}, [], False, None):
+        assert contracts.FORMAT_CHECKER.conforms(value, "date-time")
 
 
 @given(DATE_TIMES_ANY)
-def test_is_date_time_parity_property(value):
-    assert is_date_time(value) == (Draft202012Validator.FORMAT_CHECKER.conforms(value, "date-time") and "\n" not in value)
+def test_is_date_time_agrees_with_an_independent_rfc3339_check(value):
+    # rfc3339-validator (a test dependency only) judges everything but leap
+    # seconds, which it refuses: the upper-cased text, and no newline.
+    from rfc3339_validator import validate_rfc3339
+
+    assert is_date_time(value) == (validate_rfc3339(value.upper()) and "\n" not in value)
+
+
+@given(
+    st.integers(1, 9999), st.integers(1, 12), st.integers(1, 28), st.integers(0, 23), st.integers(0, 59),
+    st.sampled_from(["Z", "+00:00", "-08:00", "+05:45", "+23:59", "-23:59", "+00:01", "-00:01"]),
+)
+def test_a_leap_second_is_valid_exactly_at_23_59_utc(year, month, day, hour, minute, zone):
+    import datetime
+
+    value = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:60{zone}"
+    local = datetime.datetime(2000, 1, 1, hour, minute, 59)
+    offset = datetime.timedelta(0) if zone == "Z" else datetime.timedelta(
+        hours=int(zone[1:3]), minutes=int(zone[4:6])) * (1 if zone[0] == "+" else -1)
+    in_utc = local - offset
+    assert is_date_time(value) is ((in_utc.hour, in_utc.minute) == (23, 59))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
