@@ -354,7 +354,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
 
                 cache.remove_stale_temps()
                 key = _plan_key(package, record, limits)
-                stamps = _read_content_stamps(cache)
+                stamps = read_content_stamps(cache)
                 recorded = dict(stamps)
                 content_dir = os.fspath(package.content_dir)
                 if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
@@ -448,7 +448,13 @@ def _relied_on(plan: dict) -> dict[str, str]:
     return files
 
 
-def _read_content_stamps(cache: BuildCache) -> dict:
+def stamp_moved(stamps: dict, content_dir: str, path: str) -> bool:
+    """Whether ``path`` is not as it was when its records were last trusted
+    (``stamps`` from :func:`read_content_stamps`): its next build verifies it."""
+    return stamps.get(path) != _content_stamp(content_dir, path)
+
+
+def read_content_stamps(cache: BuildCache) -> dict:
     try:
         stamps = cache.read_json(cache.content_stamps)
     except (OSError, ValueError, VianoError):

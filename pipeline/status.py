@@ -7,6 +7,8 @@ changing anything: planning here records no start checkpoint.
 
 from __future__ import annotations
 
+import os
+
 from .cache import BuildCache
 from .errors import VianoError
 from .limits import CaseBuilderLimits
@@ -68,6 +70,9 @@ def _unconfirmed_publication(package, record, plan: dict) -> int | None:
     return None
 
 
+_VERIFY_AGAIN = "would run: to verify it again (its size or modification time is not what it was when it was read)"
+
+
 def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
     """What the build would make of one structured input, from its cached record:
     a document refused when it was read stays refused (the record is a pure
@@ -122,19 +127,30 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     except VianoError as error:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
-    from .build import case_cache, over_read_bound, reuses_confirmed_case
+    from .build import case_cache, over_read_bound, read_content_stamps, reuses_confirmed_case, stamp_moved
 
     cache = case_cache(ws, case_id)
     from .doitcli import subtask_name
 
     reusing = reuses_confirmed_case(cache)
+    stamps = read_content_stamps(cache)
+    content_dir = os.fspath(package.content_dir)
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         input_record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
-        rows.append((f"read_input:{subtask_name(doc['path'])}", _read_input_outlook(cache, input_record, doc)))
+        if input_record.exists() and stamp_moved(stamps, content_dir, doc["path"]):
+            outlook = _VERIFY_AGAIN
+        else:
+            outlook = _read_input_outlook(cache, input_record, doc)
+        rows.append((f"read_input:{subtask_name(doc['path'])}", outlook))
     for ref in plan["opaque"]:
-        cached = cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists()
-        rows.append((f"hash_context:{subtask_name(ref['path'])}", "up to date" if cached else "would run: not hashed yet (new file, or the cache was cleared)"))
+        if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
+            outlook = "would run: not hashed yet (new file, or the cache was cleared)"
+        elif stamp_moved(stamps, content_dir, ref["path"]):
+            outlook = _VERIFY_AGAIN
+        else:
+            outlook = "up to date"
+        rows.append((f"hash_context:{subtask_name(ref['path'])}", outlook))
     try:
         cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None
     except (OSError, VianoError):

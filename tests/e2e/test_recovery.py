@@ -1294,6 +1294,10 @@ def test_a_build_with_its_cache_finds_content_damaged_since_it_was_read(tmp_path
     if after == "reopen":
         assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
     _damage_in_place(kit.package_dir(ws, "c1") / "content" / damaged)
+    status = kit.doit("status", "case=c1", workspace=ws)
+    if damaged != "original/case-inputs.json":  # (an index is read by planning, which status does itself)
+        task = "hash_context" if damaged.endswith(".log") else "read_input"
+        assert f"{task}:{damaged}: would run: to verify it again" in status.stdout, status.stdout
     before = kit.tree_digest(kit.package_dir(ws, "c1"))  # (the build may keep its start checkpoint)
     line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
     assert line.endswith(f"({damaged})")
