@@ -37,6 +37,7 @@ __all__ = [
     "escape_pointer_token",
     "resolve_pointer",
     "read_bounded",
+    "read_fd_at_most",
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -418,17 +419,25 @@ def read_bounded(
         size = os.fstat(fd).st_size
         if size > limit:
             raise error("LIMIT_EXCEEDED", f"{size} bytes, limit {limit}", path=label)
-        chunks = []
-        remaining = limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise error("LIMIT_EXCEEDED", f"more than {limit} bytes", path=label)
-        return data
+        return read_fd_at_most(fd, limit, label=label, error=error)
     finally:
         os.close(fd)
+
+
+def read_fd_at_most(
+    fd: int, limit: int, *, label: str | None, error: type[VianoError] = CaseBuildError, code: str = "LIMIT_EXCEEDED"
+) -> bytes:
+    """Read ``fd`` to its end, at most ``limit`` bytes: more is ``code`` (the
+    file grew, or lies about its size). Stops at ``limit + 1`` bytes."""
+    chunks = []
+    remaining = limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise error(code, f"more than {limit} bytes", path=label)
+    return data

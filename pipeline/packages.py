@@ -51,7 +51,7 @@ from typing import Callable, Mapping
 from .errors import CaseBuildError, IntegrityError, VianoError
 from .faults import crashpoint
 from .interrupts import InterruptsWhileCopying, despite_interrupts
-from .jsoncanon import decode_strict, json_copy, pretty_bytes, sha256_hex
+from .jsoncanon import decode_strict, json_copy, pretty_bytes, read_fd_at_most, sha256_hex
 from .workspace import (
     ID_PATTERN,
     Workspace,
@@ -785,7 +785,7 @@ class Package:
                 raise CaseBuildError("MANIFEST_MISSING", f"package has no generation {generation}", path=label) from None
             raise IntegrityError("INTEGRITY_ERROR", f"manifest is not a plain file: {exc.message}", path=label) from None
         try:
-            data = _read_fd(fd, MANIFEST_MAX_BYTES, label, IntegrityError)
+            data = read_fd_at_most(fd, MANIFEST_MAX_BYTES, label=label, error=IntegrityError, code="INTEGRITY_ERROR")
         finally:
             os.close(fd)
         digest = hashlib.sha256(data).hexdigest() if self._parsed is not None else None
@@ -831,7 +831,7 @@ class Package:
             raise CaseBuildError("LIMIT_EXCEEDED", f"{entry['size']} bytes, limit {limit}", path=relpath)
         fd = self._open_content(relpath)
         try:
-            data = _read_fd(fd, entry["size"], relpath, IntegrityError, code="INTEGRITY_ERROR")
+            data = read_fd_at_most(fd, entry["size"], label=relpath, error=IntegrityError, code="INTEGRITY_ERROR")
         finally:
             os.close(fd)
         if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
@@ -869,22 +869,6 @@ class Package:
         if found != (entry["sha256"], entry["size"]):
             raise IntegrityError("INTEGRITY_ERROR", "content does not match the manifest's size and SHA-256", path=relpath)
         return found
-
-
-def _read_fd(fd: int, limit: int, label: str, cls: type[VianoError], code: str = "INTEGRITY_ERROR") -> bytes:
-    """Read at most ``limit`` bytes; more is ``code`` (the file grew or lies about its size)."""
-    chunks = []
-    remaining = limit + 1
-    while remaining > 0:
-        chunk = os.read(fd, min(remaining, CHUNK_SIZE))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise cls(code, f"more than {limit} bytes", path=label)
-    return data
 
 
 # --------------------------------------------------------------------------- writer
