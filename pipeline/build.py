@@ -335,11 +335,16 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     from .recovery import roll_forward
     from .workspace import validate_id
 
+    from .doitcli import lock_if_admitted_since_the_start
+    from .faults import crashpoint
+
     limits = limits or CaseBuilderLimits()
     case_id = validate_id(case_id, "case_id")
     ws = _workspace(workspace_root)
+    crashpoint("build:validate-index")
     store = open_existing_store(ws, case_id)
     try:
+        lock_if_admitted_since_the_start(ws, case_id)
         with _locked(ws, case_id):
                 record = store.get(case_id)
                 cache = case_cache(ws, case_id)
@@ -840,7 +845,9 @@ def _check_research_pairs(plan: dict, research: list[dict]) -> None:
 def step_assemble(workspace_root, case_id) -> None:
     """assemble: snapshot from cache -> pure assemble -> case contract -> cache."""
     from .assemble import assemble, carry_forward, prior_numbering
+    from .faults import crashpoint
 
+    crashpoint("build:assemble")
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
     plan = cache.read_json(cache.plan)

@@ -314,7 +314,12 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     except VianoError:
         return config  # the task action reports the bad variable with its code
     if not ws.store_path.exists() or not ws.case_dir(case_id).is_dir():
-        return config  # unknown case: the action reports UNKNOWN_CASE, nothing is created
+        # Unknown case: the action reports UNKNOWN_CASE, nothing is created;
+        # unless the case is admitted before that action runs, which then
+        # takes the lock this run could not (lock_if_admitted_since_the_start).
+        global _STARTED_BEFORE_ITS_CASE
+        _STARTED_BEFORE_ITS_CASE = (str(ws.root), case_id)
+        return config
     from .build import case_cache, hold_case_lock
 
     # Before doit starts, so any failure here is ours to report: one coded
@@ -335,6 +340,22 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     _read_the_dep_file_in_one_query()
     config["dep_file"] = str(dep_file)
     return config
+
+
+_STARTED_BEFORE_ITS_CASE: tuple[str, str] | None = None
+
+
+def lock_if_admitted_since_the_start(ws, case_id: str) -> None:
+    """A build run takes its case lock for the whole run before doit starts
+    (:func:`doit_config`), but only when the case exists then. If it was
+    admitted between that moment and the first build step, take the lock now,
+    for the rest of the run: the steps after planning (reading inputs,
+    assembling, rendering) count on it. That run keeps doit's dependency
+    records in memory only; the next build checks its tasks again."""
+    if _STARTED_BEFORE_ITS_CASE == (str(ws.root), case_id):
+        from .build import hold_case_lock
+
+        hold_case_lock(ws, case_id)
 
 
 def io_error_line(error: OSError) -> str:

@@ -1325,3 +1325,45 @@ def test_a_touched_input_is_verified_again_once_and_a_restored_copy_reads_nothin
     restored = kit.doit("build", "case=c1", workspace=ws)
     assert restored.returncode == 0, restored.stderr
     assert _executed(restored) == ["validate_index"]
+
+
+def test_a_build_started_before_its_case_was_admitted_holds_the_case_lock_once_it_exists(tmp_path):
+    # doit loads the build's tasks (and takes the case lock for the whole
+    # run) before the first step; a case admitted in between must not leave
+    # the rest of that run, which writes the case's cache, without the lock.
+    from pipeline.errors import VianoError
+    from pipeline.workspace import case_lock
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), "build:validate-index,build:assemble", str(steps),
+         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+    )
+    try:
+        def reach(point: str) -> None:
+            deadline = time.monotonic() + 60
+            while not (steps / f"{point}.ready").exists():
+                assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+                time.sleep(0.01)
+
+        reach("build:validate-index")
+        admitted = kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}", workspace=ws)
+        assert admitted.returncode == 0, admitted.stderr
+        (steps / "build:validate-index.go").touch()
+        reach("build:assemble")
+        with pytest.raises(VianoError) as held:
+            with case_lock(Workspace(ws), "c1", timeout=0.2):
+                pass
+        assert held.value.code == "LOCK_TIMEOUT"
+        (steps / "build:assemble.go").touch()
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        assert "confirmed at generation 2" in out
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
