@@ -194,6 +194,18 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
         return conn
     except sqlite3.OperationalError as exc:
         conn.close()
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
+            # A hot rollback journal: a writer died inside a transaction, and
+            # only a writer may roll it back. The store writes that journal only
+            # while it is created (switching to WAL, before any table exists);
+            # if the file is still that one page, it holds no case yet, and the
+            # next admission rolls the switch back and creates it anew.
+            if _at_most_one_page(path):
+                raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
+            raise LifecycleError(
+                "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
+                "command can roll back (run the build)", path=path.name,
+            ) from None
         if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not on_read_only_filesystem(path.parent):
             raise
     wal = path.with_name(path.name + "-wal")
@@ -203,6 +215,21 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
             "read-only filesystem, where they cannot be read", path=path.name,
         )
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
+
+
+def _at_most_one_page(path) -> bool:
+    """Whether the database file is no larger than one page (its page size,
+    bytes 16-17 of the header, 1 meaning 65536): a store being created."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(18)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return False
+    if len(header) < 18:
+        return True
+    page = int.from_bytes(header[16:18], "big")
+    return size <= (65536 if page == 1 else page)
 
 
 def on_read_only_filesystem(directory) -> bool:

@@ -1367,3 +1367,41 @@ def test_a_build_started_before_its_case_was_admitted_holds_the_case_lock_once_i
         if child.poll() is None:
             child.kill()
             child.communicate()
+
+
+def _interrupted_store_creation(ws: Path) -> None:
+    """The store as a first admission killed while creating it leaves it: the
+    switch to WAL written to the file's one page, its rollback journal not yet
+    deleted (a hot journal, which only a writer may roll back)."""
+    ws.mkdir(parents=True)
+    store = ws / "checkpoints.sqlite3"
+    connection = sqlite3.connect(store)
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.close()
+    header = (bytes.fromhex("d9d505f920a163d7") + (0).to_bytes(4, "big") + (0x16C32D62).to_bytes(4, "big")
+              + (0).to_bytes(4, "big") + (512).to_bytes(4, "big") + (4096).to_bytes(4, "big"))
+    (ws / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
+
+
+def test_status_after_an_interrupted_store_creation_says_no_case_and_admit_recovers(tmp_path):
+    ws = tmp_path / "ws"
+    _interrupted_store_creation(ws)
+    before = kit.tree_digest(ws)
+    for command in ("status", "probes"):
+        _one_line_error(kit.doit(command, "case=c1", workspace=ws), "UNKNOWN_CASE")
+    assert kit.tree_digest(ws) == before  # observers roll nothing back
+    admitted = kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}", workspace=ws)
+    assert admitted.returncode == 0, admitted.stderr
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0 and "state: VALIDATED" in status.stdout, status.stderr
+
+
+def test_a_hot_journal_beside_a_store_with_cases_is_an_io_error_for_observers(tmp_path):
+    ws = _admitted(tmp_path)
+    store = ws / "checkpoints.sqlite3"
+    assert store.stat().st_size > 4096
+    header = (bytes.fromhex("d9d505f920a163d7") + (0).to_bytes(4, "big") + (0x16C32D62).to_bytes(4, "big")
+              + (store.stat().st_size // 4096).to_bytes(4, "big") + (512).to_bytes(4, "big") + (4096).to_bytes(4, "big"))
+    (ws / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
+    line = _one_line_error(kit.doit("status", "case=c1", workspace=ws), "IO_ERROR")
+    assert "only a writing command can roll back" in line
