@@ -392,6 +392,19 @@ def _fill_temp(fd: int, source, label: str, progress: Progress | None) -> tuple[
         os.close(src)
 
 
+def _fill_durably(fd: int, source, label: str, progress: Progress | None) -> tuple[str, int]:
+    """:func:`_fill_temp`, then fsync: (sha256, size) of what is now on disk."""
+    try:
+        digest = _fill_temp(fd, source, label, progress)
+    except OSError as exc:
+        raise _io_error("writing", exc, label) from None
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise _io_error("fsync of the new file", exc, label) from None
+    return digest
+
+
 class _NameExists(FileExistsError):
     """The final name existed; carries the (sha256, size) of what we had written, so nobody re-hashes."""
 
@@ -428,14 +441,7 @@ def _link_new(
     temp_present = True
     try:
         try:
-            try:
-                digest = _fill_temp(fd, source, label, progress)
-            except OSError as exc:
-                raise _io_error("writing", exc, label) from None
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                raise _io_error("fsync of the new file", exc, label) from None
+            digest = _fill_durably(fd, source, label, progress)
         finally:
             os.close(fd)
         if crash_after_temp:
@@ -472,15 +478,7 @@ def _link_new(
             except OSError:
                 with contextlib.suppress(OSError):
                     os.unlink(temp, dir_fd=dir_fd)
-        try:
-            os.fsync(dir_fd)
-        except OSError as exc:
-            raise CaseBuildError(
-                "IO_ERROR",
-                f"fsync of the directory failed after publishing ({os.strerror(exc.errno or 0)}); "
-                "the file is visible but may not survive a power loss",
-                path=label,
-            ) from None
+        _fsync_after_publishing(dir_fd, label)
         return digest
     finally:
         if temp_present:
@@ -489,6 +487,55 @@ def _link_new(
             except OSError:
                 pass
 
+
+def _link_unnamed(dir_fd: int, name: str, data: bytes, *, label: str) -> tuple[str, int] | None:
+    """Publish ``data`` as ``name`` through an unnamed temp file
+    (``O_TMPFILE``), fsynced, then linked into place by its ``/proc/self/fd``
+    name, which never replaces an existing one: a process killed at any
+    moment leaves either nothing or the whole file. For directories outside
+    the workspace (export), where no roll-forward would ever remove a named
+    temp. None where the kernel, the filesystem or a missing ``/proc``
+    cannot do it: the caller then takes the named temp of :func:`_link_new`.
+    Raises :class:`_NameExists` as that does."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _NO_UNNAMED_FILES:
+            return None
+        raise _io_error("creating a temp file", exc, label) from None
+    try:
+        digest = _fill_durably(fd, data, label, None)
+        crashpoint("export:before-link")
+        try:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+        except FileExistsError:
+            raise _NameExists(digest) from None
+        except OSError as exc:
+            if exc.errno in _NO_HARD_LINKS:
+                return None
+            raise _io_error("linking the new file into place", exc, label) from None
+    finally:
+        os.close(fd)
+    _fsync_after_publishing(dir_fd, label)
+    return digest
+
+
+def _fsync_after_publishing(dir_fd: int, label: str) -> None:
+    try:
+        os.fsync(dir_fd)
+    except OSError as exc:
+        raise CaseBuildError(
+            "IO_ERROR",
+            f"fsync of the directory failed after publishing ({os.strerror(exc.errno or 0)}); "
+            "the file is visible but may not survive a power loss",
+            path=label,
+        ) from None
+
+
+# What open(2) answers for O_TMPFILE where the kernel or the filesystem has no unnamed files.
+_NO_UNNAMED_FILES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
 
 # What link(2) answers where the filesystem has no hard links.
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
@@ -508,7 +555,14 @@ def _rename_noreplace(source: str, target: str, dir_fd: int) -> None:
 
 
 def _publish_content(
-    dir_fd: int, name: str, source, *, label: str, progress: Progress | None = None, rename_without_links: bool = False
+    dir_fd: int,
+    name: str,
+    source,
+    *,
+    label: str,
+    progress: Progress | None = None,
+    rename_without_links: bool = False,
+    unnamed_temp: bool = False,
 ) -> tuple[str, int]:
     """Create ``name`` exclusively; an existing identical file is accepted, a different one is ``CONTENT_CONFLICT``."""
     try:
@@ -523,7 +577,10 @@ def _publish_content(
             raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=label)
         return mine
     try:
-        return _link_new(dir_fd, name, source, label=label, progress=progress, rename_without_links=rename_without_links)
+        published = _link_unnamed(dir_fd, name, source, label=label) if unnamed_temp else None
+        if published is None:
+            published = _link_new(dir_fd, name, source, label=label, progress=progress, rename_without_links=rename_without_links)
+        return published
     except _NameExists as exists:
         # Lost a race for this path to another writer: same bytes are fine.
         mine = exists.digest
@@ -551,7 +608,9 @@ def write_durable(dir_path: Path | str, name: str, data: bytes) -> tuple[str, in
     """
     dir_fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return _publish_content(dir_fd, _single_name(name), bytes(data), label=name, rename_without_links=True)
+        return _publish_content(
+            dir_fd, _single_name(name), bytes(data), label=name, rename_without_links=True, unnamed_temp=True
+        )
     finally:
         os.close(dir_fd)
 

@@ -1405,3 +1405,17 @@ def test_a_hot_journal_beside_a_store_with_cases_is_an_io_error_for_observers(tm
     (ws / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
     line = _one_line_error(kit.doit("status", "case=c1", workspace=ws), "IO_ERROR")
     assert "only a writing command can roll back" in line
+
+
+def test_an_export_killed_before_a_file_is_in_place_leaves_no_temp_in_the_destination(tmp_path):
+    # The destination is the user's directory: no roll-forward ever cleans
+    # it, so nothing but finished files may appear there, even on SIGKILL.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    out = tmp_path / "out"
+    killed = kit.doit("export", "case=c1", f"dest={out}", workspace=ws, env_extra={"VIANO_CRASH_AT": "export:before-link"})
+    assert killed.returncode == -9
+    assert list(out.iterdir()) == []
+    again = kit.doit("export", "case=c1", f"dest={out}", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
