@@ -1326,6 +1326,9 @@ def _refuse_existing(workspace: Workspace, case_id: str) -> None:
         if os.path.lexists(target / ADMISSION_MARKER):
             with case_lock(workspace, case_id):
                 clear_admission_marker(workspace, case_id)
+        # Often the retry of an admission killed after its commit: the staging
+        # tree it left is dead, and nothing else would clear it before a build.
+        remove_stale_staging(workspace.staging_dir())
         raise _case_exists(case_id)
     why = _not_a_crashed_admission(target)
     if why is not None:

@@ -1419,3 +1419,13 @@ def test_an_export_killed_before_a_file_is_in_place_leaves_no_temp_in_the_destin
     again = kit.doit("export", "case=c1", f"dest={out}", workspace=ws)
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in out.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
+
+
+def test_the_retry_of_an_admission_killed_after_its_commit_clears_its_staging_tree(tmp_path):
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    killed = kit.doit("admit", "case=c1", f"source={source}", workspace=ws, env_extra={"VIANO_CRASH_AT": "admit:after-commit"})
+    assert killed.returncode == -9
+    assert [p.name for p in (ws / ".staging").iterdir()]  # the killed run's tree and owner file
+    _one_line_error(kit.doit("admit", "case=c1", f"source={source}", workspace=ws), "CASE_EXISTS")
+    assert not (ws / ".staging").exists() or list((ws / ".staging").iterdir()) == []
