@@ -63,8 +63,11 @@ def _conforms_to_date_time(instance: object) -> bool:
     return not isinstance(instance, str) or is_date_time(instance)
 
 
-#: Draft 2020-12's format checker with the contracts' ``date-time``.
-FORMAT_CHECKER = jsonschema.FormatChecker(Draft202012Validator.FORMAT_CHECKER.checkers)
+#: Draft 2020-12's format checker with the contracts' ``date-time``. (Its
+#: checks are copied: ``FormatChecker(names)`` would look each name up in the
+#: class-wide table, where some names hold another draft's check.)
+FORMAT_CHECKER = jsonschema.FormatChecker(())
+FORMAT_CHECKER.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
 FORMAT_CHECKER.checks("date-time")(_conforms_to_date_time)
 
 

@@ -436,12 +436,44 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
 # forges the mtime is found only by a build without the cache.
 
 
-def _content_stamp(content_dir: str, path: str) -> list | None:
-    try:
-        st = os.lstat(f"{content_dir}/{path}")
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, stat.S_IFMT(st.st_mode)]
+def content_stamps_now(content_dir: str, paths) -> dict[str, list | None]:
+    """Each path's stamp: ``[size, mtime_ns, file type]`` from ``lstat``, or
+    None when it is missing or a folder on its way is not a real directory
+    (a symlink put there later: the reading task refuses it, as a build
+    without the cache does). One ``lstat`` a file and one a distinct folder."""
+    folders: set[str] = set()
+    for path in paths:
+        folder = path.rpartition("/")[0]
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
+    unreal = set()
+    for folder in folders:
+        try:
+            if not stat.S_ISDIR(os.lstat(f"{content_dir}/{folder}").st_mode):
+                unreal.add(folder)
+        except OSError:
+            unreal.add(folder)
+    stamps = {}
+    for path in paths:
+        stamp = None
+        if not (unreal and _under_any(path, unreal)):
+            try:
+                st = os.lstat(f"{content_dir}/{path}")
+                stamp = [st.st_size, st.st_mtime_ns, stat.S_IFMT(st.st_mode)]
+            except OSError:
+                pass
+        stamps[path] = stamp
+    return stamps
+
+
+def _under_any(path: str, folders: set[str]) -> bool:
+    folder = path.rpartition("/")[0]
+    while folder:
+        if folder in folders:
+            return True
+        folder = folder.rpartition("/")[0]
+    return False
 
 
 def _relied_on(plan: dict) -> dict[str, str]:
@@ -451,12 +483,6 @@ def _relied_on(plan: dict) -> dict[str, str]:
     if prior is not None:
         files[prior["path"]] = prior["sha256"]
     return files
-
-
-def stamp_moved(stamps: dict, content_dir: str, path: str) -> bool:
-    """Whether ``path`` is not as it was when its records were last trusted
-    (``stamps`` from :func:`read_content_stamps`): its next build verifies it."""
-    return stamps.get(path) != _content_stamp(content_dir, path)
 
 
 def read_content_stamps(cache: BuildCache) -> dict:
@@ -474,8 +500,10 @@ def _forget_changed_content(cache: BuildCache, content_dir: str, plan: dict, sta
     planning verifies the prior case's bytes before it uses its view."""
     changed = {}
     moved = False
-    for path, sha256 in _relied_on(plan).items():
-        stamp = _content_stamp(content_dir, path)
+    relied = _relied_on(plan)
+    now = content_stamps_now(content_dir, relied)
+    for path, sha256 in relied.items():
+        stamp = now[path]
         if stamps.get(path) != stamp:
             stamps[path] = stamp
             moved = True

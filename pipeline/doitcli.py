@@ -291,6 +291,8 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     """DOIT_CONFIG for this invocation (see module docstring)."""
     from .workspace import Workspace, validate_id
 
+    global _STARTED_BEFORE_ITS_CASE
+    _STARTED_BEFORE_ITS_CASE = None
     report_interrupts_on_one_line()
     say_when_waiting_for_a_case_lock()
     skip_the_exit_collections()
@@ -317,7 +319,6 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         # Unknown case: the action reports UNKNOWN_CASE, nothing is created;
         # unless the case is admitted before that action runs, which then
         # takes the lock this run could not (lock_if_admitted_since_the_start).
-        global _STARTED_BEFORE_ITS_CASE
         _STARTED_BEFORE_ITS_CASE = (str(ws.root), case_id)
         return config
     from .build import case_cache, hold_case_lock
@@ -352,9 +353,13 @@ def lock_if_admitted_since_the_start(ws, case_id: str) -> None:
     for the rest of the run: the steps after planning (reading inputs,
     assembling, rendering) count on it. That run keeps doit's dependency
     records in memory only; the next build checks its tasks again."""
+    global _STARTED_BEFORE_ITS_CASE
     if _STARTED_BEFORE_ITS_CASE == (str(ws.root), case_id):
         from .build import hold_case_lock
 
+        # Once: a later CaseBuilder.build of the case in this process must
+        # not take a lock that lasts until the process exits.
+        _STARTED_BEFORE_ITS_CASE = None
         hold_case_lock(ws, case_id)
 
 

@@ -44,6 +44,7 @@ A rejected source leaves the workspace byte-identical: staging trees, the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -1328,7 +1329,9 @@ def _refuse_existing(workspace: Workspace, case_id: str) -> None:
                 clear_admission_marker(workspace, case_id)
         # Often the retry of an admission killed after its commit: the staging
         # tree it left is dead, and nothing else would clear it before a build.
-        remove_stale_staging(workspace.staging_dir())
+        # Only tidying: whatever stops it, the answer is still CASE_EXISTS.
+        with contextlib.suppress(OSError, VianoError):
+            remove_stale_staging(workspace.staging_dir())
         raise _case_exists(case_id)
     why = _not_a_crashed_admission(target)
     if why is not None:

@@ -204,7 +204,7 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
             raise LifecycleError(
                 "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
-                "command can roll back (run the build)", path=path.name,
+                "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
             ) from None
         if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not on_read_only_filesystem(path.parent):
             raise

@@ -495,8 +495,10 @@ def _link_unnamed(dir_fd: int, name: str, data: bytes, *, label: str) -> tuple[s
     moment leaves either nothing or the whole file. For directories outside
     the workspace (export), where no roll-forward would ever remove a named
     temp. None where the kernel, the filesystem or a missing ``/proc``
-    cannot do it: the caller then takes the named temp of :func:`_link_new`.
-    Raises :class:`_NameExists` as that does."""
+    cannot do it (or refuse the ``/proc`` link: ENOENT, EXDEV, EACCES, ... on
+    some filesystems): the caller then takes the named temp of
+    :func:`_link_new`, whose temp a kill can leave behind. Raises
+    :class:`_NameExists` as that does."""
     if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
         return None
     try:
@@ -513,9 +515,9 @@ def _link_unnamed(dir_fd: int, name: str, data: bytes, *, label: str) -> tuple[s
         except FileExistsError:
             raise _NameExists(digest) from None
         except OSError as exc:
-            if exc.errno in _NO_HARD_LINKS:
-                return None
-            raise _io_error("linking the new file into place", exc, label) from None
+            if exc.errno in _REAL_LINK_FAILURES:
+                raise _io_error("linking the new file into place", exc, label) from None
+            return None  # no hard links, or no usable /proc link here: the named temp does it
     finally:
         os.close(fd)
     _fsync_after_publishing(dir_fd, label)
@@ -533,6 +535,9 @@ def _fsync_after_publishing(dir_fd: int, label: str) -> None:
             path=label,
         ) from None
 
+
+# What link(2) answers when linking would fail by any route (the named temp's too).
+_REAL_LINK_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EMLINK, errno.ENAMETOOLONG}
 
 # What open(2) answers for O_TMPFILE where the kernel or the filesystem has no unnamed files.
 _NO_UNNAMED_FILES = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EISDIR, errno.EINVAL, errno.ENOSYS}

@@ -127,18 +127,18 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     except VianoError as error:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
-    from .build import case_cache, over_read_bound, read_content_stamps, reuses_confirmed_case, stamp_moved
+    from .build import case_cache, content_stamps_now, over_read_bound, read_content_stamps, reuses_confirmed_case
 
     cache = case_cache(ws, case_id)
     from .doitcli import subtask_name
 
     reusing = reuses_confirmed_case(cache)
     stamps = read_content_stamps(cache)
-    content_dir = os.fspath(package.content_dir)
+    now = content_stamps_now(os.fspath(package.content_dir), [*(d["path"] for d in plan["documents"]), *(r["path"] for r in plan["opaque"])])
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         input_record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
-        if input_record.exists() and stamp_moved(stamps, content_dir, doc["path"]):
+        if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
             outlook = _VERIFY_AGAIN
         else:
             outlook = _read_input_outlook(cache, input_record, doc)
@@ -146,7 +146,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             outlook = "would run: not hashed yet (new file, or the cache was cleared)"
-        elif stamp_moved(stamps, content_dir, ref["path"]):
+        elif stamps.get(ref["path"]) != now[ref["path"]]:
             outlook = _VERIFY_AGAIN
         else:
             outlook = "up to date"

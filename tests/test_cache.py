@@ -460,3 +460,37 @@ def test_read_json_refuses_a_damaged_record_with_either_decoder(tmp_path, monkey
             with pytest.raises(VianoError) as info:
                 cache.read_json(path)
             assert info.value.code == "INTEGRITY_ERROR"
+
+
+def test_the_late_case_lock_is_taken_once_and_only_for_the_run_that_started_before_its_case(tmp_path):
+    # doit_config marks a build whose case did not exist yet; the mark is used
+    # once (a later CaseBuilder.build in the process must not take a lock that
+    # lasts until exit) and cleared by the next doit_config. In a process of
+    # its own: doit_config sets up process-wide handling for a doit run.
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import pipeline.build
+from pipeline import doitcli
+from pipeline.workspace import Workspace
+
+taken = []
+pipeline.build.hold_case_lock = lambda ws, case_id: taken.append(case_id)
+ws = Workspace(sys.argv[1])
+doitcli.doit_config("c1", str(ws.root), argv=["doit", "build", "case=c1"])
+doitcli.lock_if_admitted_since_the_start(ws, "c2")
+first = list(taken)
+doitcli.lock_if_admitted_since_the_start(ws, "c1")
+doitcli.lock_if_admitted_since_the_start(ws, "c1")
+second = list(taken)
+doitcli.doit_config("c1", str(ws.root), argv=["doit", "build", "case=c1"])
+doitcli.doit_config(None, None, argv=["doit", "list"])
+doitcli.lock_if_admitted_since_the_start(ws, "c1")
+print(first, second, taken)
+"""
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ws")], capture_output=True, text=True,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[] ['c1'] ['c1']"

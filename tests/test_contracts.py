@@ -480,6 +480,13 @@ def test_date_time_cases_in_schema_struct_and_format_checker(value, valid):
     assert struct_accepts("bug-report", report) is valid
 
 
+def test_the_format_checker_is_draft_2020_12_s_but_for_date_time():
+    ours, theirs = contracts.FORMAT_CHECKER.checkers, Draft202012Validator.FORMAT_CHECKER.checkers
+    assert set(ours) == set(theirs) | {"date-time"}
+    assert all(ours[name] == theirs[name] for name in theirs if name != "date-time")
+    assert contracts.FORMAT_CHECKER.conforms("08:30:06Z", "time") == Draft202012Validator.FORMAT_CHECKER.conforms("08:30:06Z", "time")
+
+
 def test_the_format_checker_leaves_other_types_to_the_schema():
     for value in (12, 13.7, {}, [], False, None):
         assert contracts.FORMAT_CHECKER.conforms(value, "date-time")

@@ -378,6 +378,34 @@ def test_write_and_copy_durable(tmp_path):
     assert (d / "a.json").read_bytes() == b"{}\n"
 
 
+@pytest.mark.parametrize("refusal", [errno.ENOENT, errno.EXDEV, errno.EACCES, errno.EPERM, errno.EINVAL])
+def test_write_durable_takes_a_named_temp_where_the_unnamed_file_cannot_be_linked(tmp_path, monkeypatch, refusal):
+    # Filesystems answer the /proc/self/fd link of an O_TMPFILE file in
+    # several ways; none of them may fail an export that a named temp can do.
+    real_link = os.link
+
+    def link(src, dst, **kwargs):
+        if str(src).startswith("/proc/self/fd/"):
+            raise OSError(refusal, os.strerror(refusal))
+        return real_link(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "link", link)
+    assert write_durable(tmp_path, "a.json", b"{}\n") == (sha(b"{}\n"), 3)
+    assert os.listdir(tmp_path) == ["a.json"]
+
+
+@pytest.mark.parametrize("failure", [errno.ENOSPC, errno.EIO])
+def test_write_durable_reports_a_link_that_no_route_could_make(tmp_path, monkeypatch, failure):
+    def link(src, dst, **kwargs):
+        raise OSError(failure, os.strerror(failure))
+
+    monkeypatch.setattr(os, "link", link)
+    with pytest.raises(VianoError) as info:
+        write_durable(tmp_path, "a.json", b"{}\n")
+    assert info.value.code == "IO_ERROR"
+    assert os.listdir(tmp_path) == []
+
+
 def test_fsync_failure_is_io_error_for_every_fsync(ws, monkeypatch):
     """SQLite-style: fail the N-th fsync for N = 1, 2, ... until publish gets through."""
     real_fsync = os.fsync

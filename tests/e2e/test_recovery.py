@@ -1404,7 +1404,7 @@ def test_a_hot_journal_beside_a_store_with_cases_is_an_io_error_for_observers(tm
               + (store.stat().st_size // 4096).to_bytes(4, "big") + (512).to_bytes(4, "big") + (4096).to_bytes(4, "big"))
     (ws / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
     line = _one_line_error(kit.doit("status", "case=c1", workspace=ws), "IO_ERROR")
-    assert "only a writing command can roll back" in line
+    assert "only a writing command (admit, append, build, reopen) on a writable mount can roll back" in line
 
 
 def test_an_export_killed_before_a_file_is_in_place_leaves_no_temp_in_the_destination(tmp_path):
@@ -1429,3 +1429,27 @@ def test_the_retry_of_an_admission_killed_after_its_commit_clears_its_staging_tr
     assert [p.name for p in (ws / ".staging").iterdir()]  # the killed run's tree and owner file
     _one_line_error(kit.doit("admit", "case=c1", f"source={source}", workspace=ws), "CASE_EXISTS")
     assert not (ws / ".staging").exists() or list((ws / ".staging").iterdir()) == []
+
+
+def test_a_folder_of_the_content_replaced_by_a_symlink_is_refused_with_the_cache_as_without(tmp_path):
+    # RELIABILITY 28: a symlink on the way to a content file is REFERENCE_UNSAFE.
+    # The cached records of the files under it must not hide it.
+    reports = {"original/reports/a.json": kit.report("A", observations=[{"text": "seen"}]),
+               "original/reports/b.json": kit.report("B")}
+    source = kit.make_package(tmp_path / "src", files={**reports, "original/run.log": "line\n"},
+                              index=kit.index(reports=list(reports)))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    content = kit.package_dir(ws, "c1") / "content"
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(content / "original" / "reports", copy)  # same bytes, same times
+    shutil.rmtree(content / "original" / "reports")
+    (content / "original" / "reports").symlink_to(copy)
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert "read_input:original/reports/a.json: would run: to verify it again" in status.stdout, status.stdout
+    assert "hash_context:original/run.log: up to date" in status.stdout
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "REFERENCE_UNSAFE")
+    assert "original/reports/" in line
+    shutil.rmtree(ws / ".cache" / "c1")
+    _one_line_error(kit.doit("build", "case=c1", workspace=ws), "REFERENCE_UNSAFE")
