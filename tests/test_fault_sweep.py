@@ -194,7 +194,7 @@ def test_a_clean_build_makes_every_kind_of_operation_the_sweep_fails(first_build
 @pytest.mark.parametrize("code", faultkit.ERRNOS)
 def test_fail_each_file_operation_of_a_first_build(first_build, tmp_path, monkeypatch, code):
     """Admitted package (2 reports, a reproduction, one opaque context file),
-    first build: 108 counted operations today, so N = 1..109 (each failed
+    first build: 112 counted operations today, so N = 1..113 (each failed
     build followed by its retry; both parametrisations together ~8 s)."""
     _assert_sweep(first_build, tmp_path, code, monkeypatch)
 
@@ -203,5 +203,5 @@ def test_fail_each_file_operation_of_a_first_build(first_build, tmp_path, monkey
 def test_fail_each_file_operation_of_an_append_rebuild(append_rebuild, tmp_path, monkeypatch, code):
     """Built, reopened (cmd_reopen), a third report appended (cmd_append,
     what ``doit append`` runs): the rebuild, which splices onto the previous
-    revision's case, swept the same way: 88 operations, N = 1..89."""
+    revision's case, swept the same way: 92 operations, N = 1..93."""
     _assert_sweep(append_rebuild, tmp_path, code, monkeypatch)

@@ -478,5 +478,5 @@ def test_fail_each_file_operation_of_a_reopen(reopen, tmp_path, monkeypatch, cod
 @pytest.mark.parametrize("code", faultkit.ERRNOS)
 def test_fail_each_file_operation_of_an_export(export, tmp_path, monkeypatch, code):
     """Admitted and built; ``cmd_export`` to a destination that does not exist
-    yet: 21 counted operations today (N = 1..22)."""
+    yet: 18 counted operations today (N = 1..19)."""
     _assert_sweep(export, tmp_path, code, monkeypatch)
