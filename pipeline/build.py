@@ -124,7 +124,7 @@ def open_existing_store(ws, case_id: str, *, read_only: bool = False):
         # As admission says it: a workspace that is a file holds no case.
         raise VianoError("INVALID_ARGUMENT", "the workspace is not a directory", path=os.fspath(ws.root))
     if not ws.store_path.exists():
-        raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)")
+        raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)", path=os.fspath(ws.root))
     try:
         store = CheckpointStore(ws, read_only=read_only)
     except LifecycleError as error:
@@ -152,8 +152,9 @@ def _unknown_case(ws, case_id: str):
             "UNKNOWN_CASE",
             f"no case {case_id} in the store, though cases/{case_id} exists (an interrupted admission, "
             f"cleared by the next admit of {case_id}, or a store that lost its row)",
+            path=os.fspath(ws.root),
         )
-    return LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace")
+    return LifecycleError("UNKNOWN_CASE", f"no case {case_id} in the workspace", path=os.fspath(ws.root))
 
 
 def _package(ws, case_id, package_id, cache: BuildCache | None = None):

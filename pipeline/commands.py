@@ -200,6 +200,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 _check_no_name_collides(files, manifest)
                 _check_returning_index(returning, files, manifest)
                 _check_prior_roles_kept(returning, package, manifest, record.analysis_revision, limits)
+                _check_the_build_would_fit(package, manifest, record.generation, returning, index_bytes, staged.files, index_path, limits)
                 if _already_held(package, manifest, index_bytes, staged.files):
                     # A repeated append (a retried CI step, also after its
                     # build): a generation would change nothing a build reads,
@@ -379,6 +380,50 @@ def _check_prior_roles_kept(index: dict, package, manifest: dict, revision: int,
         for position, path in enumerate(listed):
             if prior_role.get(path, role) != role:
                 raise role_change_error(path, prior_role[path], role, "case-inputs.json", f"{prefix}/{position}")
+
+
+def _check_the_build_would_fit(
+    package, manifest: dict, generation: int, index: dict, index_bytes: bytes, files: dict, index_path: str, limits
+) -> None:
+    """Refuse an append after which no build of the revision could meet the
+    limits of the whole build (how many structured documents, how many bytes
+    of them): what earlier indexes listed stays inherited, and no later index
+    can drop it, so such an append would leave the revision unbuildable for
+    good, a failure no corrected append could resume (seed 001). Planned from
+    sizes, for the generation this append would publish, before anything is
+    written. Any other problem of that plan is the build's to report."""
+    import hashlib
+
+    from .build import document_readers
+    from .plan import check_aggregate_limits, make_plan
+
+    entries = dict(manifest["files"])
+    for path, staged in files.items():
+        if path not in entries:
+            # Only sizes count here; the digest is the build's business.
+            entries[path] = {"sha256": "0" * 64, "size": os.stat(staged).st_size}
+    entries[index_path] = {"sha256": hashlib.sha256(index_bytes).hexdigest(), "size": len(index_bytes)}
+    proposed = {
+        **manifest,
+        "files": entries,
+        "package_generation": generation + 1,
+        "artifacts": {**manifest.get("artifacts", {}), "case_inputs": index_path},
+    }
+    read_index, read_prior_case = document_readers(package, limits)
+    try:
+        plan = make_plan(package, generation, limits, read_index=read_index, read_prior_case=read_prior_case,
+                         enforce_limits=False, proposed=(proposed, index))
+    except VianoError:
+        return
+    try:
+        check_aggregate_limits(plan, limits)
+    except VianoError as error:
+        raise CaseBuildError(
+            "LIMIT_EXCEEDED",
+            f"after this append the build would read {error.message.replace(', limit', ' (limit')}); what earlier "
+            "indexes listed stays inherited, so nothing was appended",
+            path="case-inputs.json",
+        ) from None
 
 
 # ------------------------------------------------------------------ reopen

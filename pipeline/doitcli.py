@@ -201,6 +201,42 @@ def code_version() -> str:
     return digest.hexdigest()
 
 
+#: Every command-line variable a task of dodo.py reads (doit takes any
+#: ``name=value`` argument as a variable and ignores the ones nobody reads).
+VARIABLES = frozenset({"case", "workspace", "source", "by", "reason", "dest"})
+_PROCESS_OPTIONS = ("-n", "--process")
+_PARALLEL_TYPE_OPTIONS = ("-P", "--parallel-type")
+
+
+def argument_problem(argv) -> str | None:
+    """What makes this command line unsafe to run, or None.
+
+    A misspelled variable (``worksapce=``) would be ignored by doit, and the
+    command would act on the default workspace; a repeated one would take
+    its last value. Build steps in several processes (``-n N`` with process
+    workers) cannot share the case lock, which belongs to the process that
+    took it (threads, ``-P thread``, can)."""
+    seen = set()
+    processes, thread_workers = 1, False
+    for position, arg in enumerate(argv[1:], start=1):
+        following = argv[position + 1] if position + 1 < len(argv) else ""
+        if arg in _PROCESS_OPTIONS or arg.startswith(("-n", "--process=")):
+            value = following if arg in _PROCESS_OPTIONS else arg.split("=", 1)[1] if arg.startswith("--") else arg[2:]
+            processes = int(value) if value.isdigit() else processes
+        elif arg in _PARALLEL_TYPE_OPTIONS or arg.startswith("--parallel-type="):
+            thread_workers = (following if arg in _PARALLEL_TYPE_OPTIONS else arg.split("=", 1)[1]) == "thread"
+        elif "=" in arg and not arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            if name not in VARIABLES:
+                return f"unknown variable {one_line(name, 60)!r} (the variables are {', '.join(sorted(VARIABLES))})"
+            if name in seen:
+                return f"variable {name!r} is given twice"
+            seen.add(name)
+    if processes > 1 and not thread_workers and any(name in BUILD_TASKS for name in _requested_tasks(argv)):
+        return "build steps cannot run in several processes (-n with process workers): the case lock is one process's; leave -n out or add -P thread"
+    return None
+
+
 def _requested_tasks(argv) -> list[str]:
     names = []
     for arg in argv[1:]:
@@ -298,6 +334,10 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     skip_the_exit_collections()
     collect_no_cycles_during_the_run()
     argv = sys.argv if argv is None else argv
+    problem = argument_problem(argv)
+    if problem is not None:
+        sys.stderr.write(f"INVALID_ARGUMENT: {problem}\n")
+        raise SystemExit(3)
     config = {
         "backend": "sqlite3",
         "dep_file": ":memory:",

@@ -350,23 +350,36 @@ def plan_from_manifests(
 def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
     """CaseBuilderLimits, from manifest sizes, before anything is parsed."""
     current = plan["index"]
-    structured_bytes = current["size"] if current else 0
     if current and current["size"] > limits.document_bytes:
         raise CaseBuildError("LIMIT_EXCEEDED", f"index is {current['size']} bytes, limit {limits.document_bytes}", path=current["path"])
+    check_aggregate_limits(plan, limits)
     for doc in plan["documents"]:
-        if doc["size"] > limits.document_bytes:
-            if doc.get("lenient"):
-                continue  # inherited: read_input refuses it and assemble drops it with a gap
+        if doc["size"] > limits.document_bytes and not doc.get("lenient"):
+            # (an inherited one: read_input refuses it and assemble drops it with a gap)
             raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
-        structured_bytes += doc["size"]
     prior = plan.get("prior_case")
     if prior is not None and prior["size"] > limits.case_bytes:
         raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {prior['size']} bytes, limit {limits.case_bytes}", path=prior["path"])
+
+
+def check_aggregate_limits(plan: dict, limits: CaseBuilderLimits) -> None:
+    """The limits of the whole build: how many structured documents it reads
+    (the current index counts as one) and their bytes, every index the build
+    reads included (each earlier index is read to know what it listed)."""
+    current = plan["index"]
     counted = len(plan["documents"]) + (1 if current else 0)
     if counted > limits.documents:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}")
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}",
+                             path=current["path"] if current else None)
+    structured_bytes = sum(ref["size"] for ref in plan["index_history"])
+    if current and current["path"] not in {ref["path"] for ref in plan["index_history"]}:
+        structured_bytes += current["size"]
+    for doc in plan["documents"]:
+        if doc["size"] <= limits.document_bytes or not doc.get("lenient"):
+            structured_bytes += doc["size"]
     if structured_bytes > limits.aggregate_bytes:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}")
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}",
+                             path=current["path"] if current else None)
 
 
 def make_plan(
@@ -377,13 +390,19 @@ def make_plan(
     read_index,
     read_prior_case,
     enforce_limits: bool = True,
+    proposed: tuple[dict, dict] | None = None,
 ) -> dict:
     """I/O edge of planning: load manifests 1..g, every index, the prior case.
 
     ``read_index(path, manifest) -> dict`` and ``read_prior_case(ref, manifest)
-    -> dict`` read, verify and validate one document each.
+    -> dict`` read, verify and validate one document each. ``proposed``, a
+    manifest g+1 not published yet and its parsed current index, plans the
+    build that generation would get (``doit append`` checks it before it
+    publishes; the new files need only their sizes there).
     """
     manifests = [package.manifest(g) for g in range(1, snapshot_generation + 1)]
+    if proposed is not None:
+        manifests.append(proposed[0])
     snapshot = manifests[-1]
     indexes: dict[str, dict] = {}
     for manifest in manifests:
@@ -391,7 +410,9 @@ def make_plan(
         if path and path not in snapshot["files"]:
             raise CaseBuildError("REFERENCE_MISSING", "the manifest's case_inputs is not in the package", path=path)
     current = snapshot.get("artifacts", {}).get("case_inputs")
-    if current:
+    if current and proposed is not None:
+        indexes[current] = proposed[1]
+    elif current:
         indexes[current] = read_index(current, snapshot)
     # The prior case is the newest case published for an earlier revision. It
     # is searched for from the newest manifest down, because once this

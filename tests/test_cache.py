@@ -494,3 +494,61 @@ print(first, second, taken)
                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[] ['c1'] ['c1']"
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["doit", "admit", "case=c1", "source=x", "worksapce=/w"], "unknown variable 'worksapce'"),
+        (["doit", "build", "case=c1", "extra=1"], "unknown variable 'extra'"),
+        (["doit", "build", "case=c1", "case=c2"], "variable 'case' is given twice"),
+        (["doit", "-n", "2", "build", "case=c1"], "build steps cannot run in several processes"),
+        (["doit", "-n2", "validate_index", "case=c1"], "build steps cannot run in several processes"),
+        (["doit", "--process=4", "render", "case=c1"], "build steps cannot run in several processes"),
+        (["doit", "-n", "2", "-P", "thread", "build", "case=c1"], None),
+        (["doit", "-n", "2", "--parallel-type=thread", "build", "case=c1"], None),
+        (["doit", "-n", "1", "build", "case=c1"], None),
+        (["doit", "-n", "2", "status", "case=c1"], None),
+        (["doit", "build", "case=c1", "workspace=a=b"], None),
+        (["doit", "-f", "dodo.py", "export", "case=c1", "dest=out", "workspace=w"], None),
+        (["doit", "reopen", "case=c1", "by=human:a", "reason=x=y"], None),
+        (["doit", "list"], None),
+    ],
+)
+def test_argument_problems_are_named_before_anything_runs(argv, problem):
+    from pipeline.doitcli import argument_problem
+
+    found = argument_problem(argv)
+    assert (found is None) if problem is None else (found is not None and found.startswith(problem)), found
+
+
+def test_every_variable_dodo_reads_is_a_known_one():
+    import ast
+    import re
+
+    from pipeline.doitcli import VARIABLES
+
+    # Read, not imported: importing dodo.py sets up a doit run in this process.
+    source = (Path(__file__).resolve().parent.parent / "dodo.py").read_text(encoding="utf-8")
+    read = set(re.findall(r'get_var\("([a-z_]+)"\)', source))
+    commands = next(node.value for node in ast.parse(source).body
+                    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "_COMMANDS")
+    read |= {name for *_, extra in ast.literal_eval(commands) for name in extra}
+    assert read == VARIABLES
+
+
+def test_a_misspelled_variable_changes_nothing_anywhere(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "doit"), "-f", str(repo / "dodo.py"), "admit", "case=c1",
+         f"source={repo / 'fixtures' / 'sample'}", f"worksapce={tmp_path / 'ws'}"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "INVALID_ARGUMENT: unknown variable 'worksapce' (the variables are by, case, dest, reason, source, workspace)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # no ./service-data, no ws

@@ -1453,3 +1453,26 @@ def test_a_folder_of_the_content_replaced_by_a_symlink_is_refused_with_the_cache
     assert "original/reports/" in line
     shutil.rmtree(ws / ".cache" / "c1")
     _one_line_error(kit.doit("build", "case=c1", workspace=ws), "REFERENCE_UNSAFE")
+
+
+def test_an_append_no_build_could_take_is_refused_before_anything_is_written(tmp_path):
+    # What earlier indexes listed stays inherited and no later index drops
+    # it, so an append past the whole build's document count would leave the
+    # revision unbuildable for good (reopen needs a built case). Refused at
+    # append time; one document fewer is accepted and builds.
+    ws = _admitted(tmp_path)  # 2 reports + 1 reproduction + the index
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+
+    def many(root: Path, count: int) -> Path:
+        names = [f"new/r{i:03}.json" for i in range(count)]
+        return kit.make_append(root, files={name: kit.report(name) for name in names}, index=kit.index(reports=names))
+
+    before = kit.tree_digest(kit.package_dir(ws, "c1"))
+    line = _one_line_error(kit.doit("append", "case=c1", f"source={many(tmp_path / 'too-many', 253)}", workspace=ws), "LIMIT_EXCEEDED")
+    assert "after this append the build would read 257 structured documents (limit 256)" in line
+    assert line.endswith("(case-inputs.json)")
+    assert kit.tree_digest(kit.package_dir(ws, "c1")) == before
+    assert kit.doit("append", "case=c1", f"source={many(tmp_path / 'just-enough', 252)}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
