@@ -127,6 +127,13 @@ def _resolve_ref(ref: Any, files: dict, where: str, pointer: str) -> dict:
         raise CaseBuildError("REFERENCE_UNSAFE", f"unsafe reference: {exc.message}", path=where, pointer=pointer) from None
     entry = files.get(path)
     if not isinstance(entry, dict):
+        from .plan import is_generated
+
+        if is_generated(path):
+            # In the package, but the builder's own output or record: never an
+            # input (as an index naming it is refused at append).
+            raise CaseBuildError("REFERENCE_UNSAFE", f"reference {path!r} is written by the builder, not an input",
+                                 path=where, pointer=pointer)
         raise CaseBuildError("REFERENCE_MISSING", f"reference {path!r} is not in the package", path=where, pointer=pointer)
     return {"path": path, "sha256": entry["sha256"], "size": entry["size"]}
 

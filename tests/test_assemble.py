@@ -536,6 +536,17 @@ def test_absent_reference_is_missing():
     assert (err.value.code, err.value.path, err.value.pointer) == ("REFERENCE_MISSING", "p", "/attachments/0")
 
 
+@pytest.mark.parametrize("builder_file", ["case/revisions/0001/case.json", "case/revisions/0002/case-built.json", "inputs/3/reopen.json"])
+def test_a_reference_to_what_the_builder_writes_is_unsafe_not_missing(builder_file):
+    # Those files are in the package (its manifest lists them), so "not in
+    # the package" would be false; they are never inputs.
+    snap = snapshot([], [("p", reproduction(events_ref=builder_file), 0)])
+    with pytest.raises(CaseBuildError) as err:
+        assemble(snap)
+    assert (err.value.code, err.value.path, err.value.pointer) == ("REFERENCE_UNSAFE", "p", "/events_ref")
+    assert "written by the builder" in err.value.message
+
+
 def test_absent_index_attachment_names_the_index():
     snap = snapshot([("r", report(title="t"), 0)], attachments=["gone.txt"])
     with pytest.raises(CaseBuildError) as err:
