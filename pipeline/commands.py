@@ -647,6 +647,7 @@ def cmd_status(case=None, workspace=None) -> None:
     """Print state, revision, generation, artifacts, checkpoints and the build outlook."""
     from .packages import Package
     from .status import build_outlook
+    from .workspace import case_lock_held_elsewhere
 
     case_id, ws = _context(case, workspace)
     store = _existing_store(ws, case_id, read_only=True)  # status only observes
@@ -662,6 +663,9 @@ def cmd_status(case=None, workspace=None) -> None:
     # Where the artifact paths below are (they are relative to it).
     _out(f"content: {one_line(os.fspath(package.content_dir), 600)}")
     _out(f"state: {record.state}")
+    if case_lock_held_elsewhere(ws, case_id):
+        _out("lock: held now by another command (a build, append, reopen or admission is running); "
+             "what follows may change when it ends")
     if record.blocked:
         _out(f"blocked: {record.blocked}")
     _out(f"analysis_revision: {record.analysis_revision}")

@@ -302,6 +302,27 @@ def held_case_locks() -> list[tuple[str, str]]:
         return sorted(_held)
 
 
+def case_lock_held_elsewhere(workspace: Workspace, case_id: str) -> bool:
+    """Whether the case lock is held right now, by a descriptor other than
+    any this call opens (a build, append, reopen or admission running in
+    another process). A look that takes nothing: a shared ``flock`` tried
+    without waiting and let go at once; a missing or unreadable lock file is
+    "no"."""
+    try:
+        fd = os.open(workspace.lock_path(case_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # (closing drops the shared lock if it was taken)
+    return False
+
+
 @contextlib.contextmanager
 def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iterator[None]:
     """Hold the exclusive per-case lock for the ``with`` body, or raise ``LOCK_TIMEOUT``.

@@ -1476,3 +1476,23 @@ def test_an_append_no_build_could_take_is_refused_before_anything_is_written(tmp
     assert kit.doit("append", "case=c1", f"source={many(tmp_path / 'just-enough', 252)}", workspace=ws).returncode == 0
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0, built.stderr
+
+
+def test_status_says_when_another_command_holds_the_case_lock(tmp_path):
+    ws = _admitted(tmp_path)
+    assert "lock: held now" not in kit.doit("status", "case=c1", workspace=ws).stdout
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, str(REPO / "tests" / "procs" / "lock_holder.py"), str(ws), "c1", str(ready)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "the lock holder never took the lock"
+            time.sleep(0.01)
+        status = kit.doit("status", "case=c1", workspace=ws)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert status.returncode == 0, status.stderr
+    assert "lock: held now by another command (a build, append, reopen or admission is running)" in status.stdout
+    assert "lock: held now" not in kit.doit("status", "case=c1", workspace=ws).stdout
