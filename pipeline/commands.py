@@ -200,7 +200,6 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 _check_no_name_collides(files, manifest)
                 _check_returning_index(returning, files, manifest)
                 _check_prior_roles_kept(returning, package, manifest, record.analysis_revision, limits)
-                _check_the_build_would_fit(package, manifest, record.generation, returning, index_bytes, staged.files, index_path, limits)
                 if _already_held(package, manifest, index_bytes, staged.files):
                     # A repeated append (a retried CI step, also after its
                     # build): a generation would change nothing a build reads,
@@ -212,6 +211,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                     return
                 if confirmed:
                     raise reopen_required()
+                _check_the_build_would_fit(package, manifest, record.generation, returning, index_bytes, staged.files, index_path, limits)
                 dropped = _no_longer_listed(package, manifest, returning, limits)
                 files[index_path] = index_bytes
                 new_manifest = PackageWriter(package).publish(
@@ -395,7 +395,7 @@ def _check_the_build_would_fit(
     import hashlib
 
     from .build import document_readers
-    from .plan import check_aggregate_limits, make_plan
+    from .plan import check_aggregate_limits, check_index_history, make_plan
 
     entries = dict(manifest["files"])
     for path, staged in files.items():
@@ -417,6 +417,7 @@ def _check_the_build_would_fit(
         return
     try:
         check_aggregate_limits(plan, limits)
+        check_index_history(plan, limits)
     except VianoError as error:
         raise CaseBuildError(
             "LIMIT_EXCEEDED",

@@ -156,6 +156,9 @@ def guarded(target: str, *args, **kwargs):
     """Run ``module:function`` as a doit action; a VianoError becomes a
     one-line TaskFailed. Taking a dotted name keeps every action picklable."""
     module_name, _, name = target.partition(":")
+    refused = refuse_other_processes(module_name)
+    if refused is not None:
+        return refused
     function = getattr(importlib.import_module(module_name), name)
     # The steps build hundreds of thousands of acyclic JSON objects; the cyclic
     # collector's repeated full passes over them cost a rebuild tens of
@@ -204,36 +207,43 @@ def code_version() -> str:
 #: Every command-line variable a task of dodo.py reads (doit takes any
 #: ``name=value`` argument as a variable and ignores the ones nobody reads).
 VARIABLES = frozenset({"case", "workspace", "source", "by", "reason", "dest"})
-_PROCESS_OPTIONS = ("-n", "--process")
-_PARALLEL_TYPE_OPTIONS = ("-P", "--parallel-type")
 
 
-def argument_problem(argv) -> str | None:
-    """What makes this command line unsafe to run, or None.
+def argument_problem(variables, argv) -> str | None:
+    """What makes this command line's variables unusable, or None.
 
-    A misspelled variable (``worksapce=``) would be ignored by doit, and the
+    ``variables``: the ``name=value`` pairs doit took from the command line
+    (None when doit parsed none, e.g. dodo.py loaded by another program). A
+    misspelled variable (``worksapce=``) would be ignored by doit, and the
     command would act on the default workspace; a repeated one would take
-    its last value. Build steps in several processes (``-n N`` with process
-    workers) cannot share the case lock, which belongs to the process that
-    took it (threads, ``-P thread``, can)."""
-    seen = set()
-    processes, thread_workers = 1, False
-    for position, arg in enumerate(argv[1:], start=1):
-        following = argv[position + 1] if position + 1 < len(argv) else ""
-        if arg in _PROCESS_OPTIONS or arg.startswith(("-n", "--process=")):
-            value = following if arg in _PROCESS_OPTIONS else arg.split("=", 1)[1] if arg.startswith("--") else arg[2:]
-            processes = int(value) if value.isdigit() else processes
-        elif arg in _PARALLEL_TYPE_OPTIONS or arg.startswith("--parallel-type="):
-            thread_workers = (following if arg in _PARALLEL_TYPE_OPTIONS else arg.split("=", 1)[1]) == "thread"
-        elif "=" in arg and not arg.startswith("-"):
-            name = arg.split("=", 1)[0]
-            if name not in VARIABLES:
-                return f"unknown variable {one_line(name, 60)!r} (the variables are {', '.join(sorted(VARIABLES))})"
-            if name in seen:
-                return f"variable {name!r} is given twice"
-            seen.add(name)
-    if processes > 1 and not thread_workers and any(name in BUILD_TASKS for name in _requested_tasks(argv)):
-        return "build steps cannot run in several processes (-n with process workers): the case lock is one process's; leave -n out or add -P thread"
+    its last value."""
+    if variables is None:
+        return None
+    for name in sorted(variables):
+        if name not in VARIABLES:
+            return f"unknown variable {one_line(name, 60)!r} (the variables are {', '.join(sorted(VARIABLES))})"
+        if sum(1 for arg in argv[1:] if arg.startswith(f"{name}=")) > 1:
+            return f"variable {name!r} is given twice"
+    return None
+
+
+#: The pid of the process that took this run's case lock, in the environment
+#: so that worker processes see it however they are started (fork or spawn).
+_LOCKED_BY_ENV = "VIANO_CASE_LOCK_PID"
+
+
+def refuse_other_processes(module_name: str) -> TaskFailed | None:
+    """Build steps run in the process that holds the case lock. doit's
+    process workers (``-n N``, however it is spelled, or set in a doit
+    config file) would run them in forked children, which do not hold it,
+    and would wait for it in vain: refused at once instead (``-P thread``
+    workers share the lock)."""
+    holder = os.environ.get(_LOCKED_BY_ENV)
+    if holder is not None and holder != str(os.getpid()) and module_name == "pipeline.build":
+        return TaskFailed(
+            "INVALID_ARGUMENT: build steps cannot run in several processes (-n with process workers): "
+            "the case lock is one process's; leave -n out or add -P thread"
+        )
     return None
 
 
@@ -329,12 +339,15 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
 
     global _STARTED_BEFORE_ITS_CASE
     _STARTED_BEFORE_ITS_CASE = None
+    os.environ.pop(_LOCKED_BY_ENV, None)
     report_interrupts_on_one_line()
     say_when_waiting_for_a_case_lock()
     skip_the_exit_collections()
     collect_no_cycles_during_the_run()
     argv = sys.argv if argv is None else argv
-    problem = argument_problem(argv)
+    from doit import doit_cmd
+
+    problem = argument_problem(doit_cmd._CMDLINE_VARS, argv)  # doit's own split of the command line
     if problem is not None:
         sys.stderr.write(f"INVALID_ARGUMENT: {problem}\n")
         raise SystemExit(3)
@@ -367,6 +380,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     # line and doit's own exit status for a failed run, never a traceback.
     try:
         hold_case_lock(ws, case_id)
+        os.environ[_LOCKED_BY_ENV] = str(os.getpid())
         cache_dir = case_cache(ws, case_id).root  # refuses a symlinked cache before doit opens its dep file there
         cache_dir.mkdir(parents=True, exist_ok=True)
         dep_file = cache_dir / "doit.sqlite3"
@@ -401,6 +415,7 @@ def lock_if_admitted_since_the_start(ws, case_id: str) -> None:
         # not take a lock that lasts until the process exits.
         _STARTED_BEFORE_ITS_CASE = None
         hold_case_lock(ws, case_id)
+        os.environ[_LOCKED_BY_ENV] = str(os.getpid())
 
 
 def io_error_line(error: OSError) -> str:

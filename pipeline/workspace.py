@@ -308,6 +308,9 @@ def case_lock_held_elsewhere(workspace: Workspace, case_id: str) -> bool:
     another process). A look that takes nothing: a shared ``flock`` tried
     without waiting and let go at once; a missing or unreadable lock file is
     "no"."""
+    with _held_guard:
+        if _lock_key(workspace, case_id) in _held:
+            return False  # this process's own (``doit build status``): not another command's
     try:
         fd = os.open(workspace.lock_path(case_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.errors import CaseBuildError
 from pipeline.limits import CaseBuilderLimits
-from pipeline.plan import check_aggregate_limits, check_limits
+from pipeline.plan import check_aggregate_limits, check_index_history, check_limits
 
 
 def _ref(path: str, size: int) -> dict:
@@ -17,19 +17,20 @@ def _plan(documents: list[dict], history: list[dict], current: dict | None) -> d
     return {"documents": documents, "index_history": history, "index": current, "prior_case": None}
 
 
-def test_every_index_the_build_reads_counts_toward_the_structured_bytes():
-    # Each earlier index is read to know what it listed (RELIABILITY 24: the
-    # bytes a build parses are bounded), so appends of large indexes cannot
-    # take a build past the aggregate limit unseen.
-    limits = CaseBuilderLimits(aggregate_bytes=900)
-    docs = [_ref("r.json", 400)]
+def test_appends_keep_the_indexes_of_a_package_within_the_aggregate_limit():
+    # Each earlier index is read by every build to know what it listed
+    # (RELIABILITY 24: the bytes a build parses are bounded), so appends of
+    # large indexes are held to the aggregate limit; the build itself is not,
+    # so a package appended before the check still builds.
+    limits = CaseBuilderLimits(aggregate_bytes=500)
     history = [_ref("original/case-inputs.json", 300), _ref("inputs/2/case-inputs.json", 250)]
-    check_aggregate_limits(_plan(docs, history[:1], history[0]), limits)  # 700
+    check_index_history(_plan([], history[:1], history[0]), limits)  # 300
     with pytest.raises(CaseBuildError) as info:
-        check_aggregate_limits(_plan(docs, history, history[1]), limits)  # 950: the earlier index too
+        check_index_history(_plan([], history, history[1]), limits)  # 550
     assert info.value.code == "LIMIT_EXCEEDED"
-    assert info.value.message == "950 bytes of structured input, limit 900"
+    assert info.value.message == "550 bytes of indexes in all, limit 500"
     assert info.value.path == "inputs/2/case-inputs.json"
+    check_aggregate_limits(_plan([], history, history[1]), limits)  # the build counts the current index only
 
 
 def test_the_aggregate_counts_each_index_once_and_skips_inherited_documents_over_their_own_limit():

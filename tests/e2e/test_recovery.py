@@ -1496,3 +1496,40 @@ def test_status_says_when_another_command_holds_the_case_lock(tmp_path):
     assert status.returncode == 0, status.stderr
     assert "lock: held now by another command (a build, append, reopen or admission is running)" in status.stdout
     assert "lock: held now" not in kit.doit("status", "case=c1", workspace=ws).stdout
+
+
+@pytest.mark.parametrize("option", [["-n", "2"], ["--proc=2"], ["-n2"]])
+def test_build_steps_in_worker_processes_are_refused_at_once(tmp_path, option):
+    # doit's process workers run steps in forked children, which do not hold
+    # the case lock and would wait for it in vain (60 s, then LOCK_TIMEOUT).
+    ws = _admitted(tmp_path)
+    before = kit.tree_digest(kit.package_dir(ws, "c1"))
+    started = time.monotonic()
+    result = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), *option, "build", "case=c1", f"workspace={ws}"],
+                            capture_output=True, text=True, env=doit_env(), timeout=120)
+    assert time.monotonic() - started < 30
+    line = _one_line_error(result, "INVALID_ARGUMENT")
+    assert "build steps cannot run in several processes" in line
+    assert kit.tree_digest(kit.package_dir(ws, "c1")) == before
+    threads = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "-n", "2", "-P", "thread", "build",
+                              "case=c1", f"workspace={ws}"], capture_output=True, text=True, env=doit_env(), timeout=120)
+    assert threads.returncode == 0, threads.stderr
+
+
+def test_status_in_the_same_run_as_a_build_does_not_call_its_own_lock_another_commands(tmp_path):
+    ws = _admitted(tmp_path)
+    result = kit.doit("build", "status", "case=c1", workspace=ws)
+    assert result.returncode == 0, result.stderr
+    assert "state: BUILDING_CASE" in result.stdout and "lock: held now" not in result.stdout
+
+
+def test_a_repeated_append_near_the_limits_still_says_there_is_nothing_to_append(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+    names = [f"new/r{i:03}.json" for i in range(252)]  # 256 documents with the index: the limit exactly
+    source = kit.make_append(tmp_path / "app", files={n: kit.report(n) for n in names}, index=kit.index(reports=names))
+    assert kit.doit("append", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    again = kit.doit("append", "case=c1", f"source={source}", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to append" in again.stdout
