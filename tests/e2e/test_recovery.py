@@ -44,6 +44,22 @@ def _one_line_error(result, code: str) -> str:
 
 
 @contextlib.contextmanager
+def _case_lock_held_by_another_process(ws: Path, ready: Path):
+    """A real process holding the case lock of c1 meanwhile; let go (killed) on the way out."""
+    holder = subprocess.Popen([sys.executable, str(REPO / "tests" / "procs" / "lock_holder.py"), str(ws), "c1", str(ready)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert holder.poll() is None and time.monotonic() < deadline, "the lock holder never took the lock"
+            time.sleep(0.01)
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@contextlib.contextmanager
 def _sqlite_held_by_another_process(database: Path, *mode: str):
     """A real process holding ``database``'s write lock (or, with "exclusive", every lock) meanwhile."""
     holder = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "procs" / "hold_sqlite_write.py"),
@@ -857,22 +873,12 @@ def test_a_command_waiting_for_the_case_lock_says_so_once(tmp_path):
     """A command queued behind another's case lock prints one line after a
     second instead of looking hung, then goes on when the lock is free."""
     ws = _admitted(tmp_path)
-    ready = tmp_path / "ready"
-    holder = subprocess.Popen([sys.executable, str(REPO / "tests" / "procs" / "lock_holder.py"), str(ws), "c1", str(ready)],
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 20
-        while not ready.exists():
-            assert holder.poll() is None and time.monotonic() < deadline, "the lock holder never took the lock"
-            time.sleep(0.01)
+    with _case_lock_held_by_another_process(ws, tmp_path / "ready"):
         build = subprocess.Popen(["doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env())
         # The holder lets go only once the waiting command has said so (its
         # first stderr line), however slowly this machine starts it.
         first = build.stderr.readline()
-    finally:
-        holder.kill()
-        holder.wait()
     _, rest = build.communicate(timeout=120)
     err = first + rest
     assert build.returncode == 0, err
@@ -1481,18 +1487,8 @@ def test_an_append_no_build_could_take_is_refused_before_anything_is_written(tmp
 def test_status_says_when_another_command_holds_the_case_lock(tmp_path):
     ws = _admitted(tmp_path)
     assert "lock: held now" not in kit.doit("status", "case=c1", workspace=ws).stdout
-    ready = tmp_path / "ready"
-    holder = subprocess.Popen([sys.executable, str(REPO / "tests" / "procs" / "lock_holder.py"), str(ws), "c1", str(ready)],
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 20
-        while not ready.exists():
-            assert holder.poll() is None and time.monotonic() < deadline, "the lock holder never took the lock"
-            time.sleep(0.01)
+    with _case_lock_held_by_another_process(ws, tmp_path / "ready"):
         status = kit.doit("status", "case=c1", workspace=ws)
-    finally:
-        holder.kill()
-        holder.wait()
     assert status.returncode == 0, status.stderr
     assert "lock: held now by another command (a build, append, reopen or admission is running)" in status.stdout
     assert "lock: held now" not in kit.doit("status", "case=c1", workspace=ws).stdout
