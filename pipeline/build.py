@@ -428,13 +428,15 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
 # was made. Seed 001 has inherited inputs hash-checked and re-read, and a
 # build without the cache would do just that and refuse the damage. So every
 # build compares each file the plan relies on with the stamp (size, mtime,
-# type) it had when its records were last trusted, and forgets the records of
+# type, and whether the folders on its way are real directories) it had when
+# its records were last trusted, and forgets the records of
 # any file whose stamp moved: the task that reads it runs again and verifies
 # its bytes against the manifest (a touched file passes and is trusted again;
 # a damaged one is INTEGRITY_ERROR, as without the cache). One lstat a file;
 # no inode or change time, so a workspace copied with its times (cp -a,
 # rsync -a, a backup) keeps its records. A change that keeps the size and
-# forges the mtime is found only by a build without the cache.
+# the mtime (forged, or within one timestamp tick) is found only by a build
+# without the cache.
 
 
 def content_stamps_now(content_dir: str, paths) -> dict[str, list | None]:
