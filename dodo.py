@@ -25,6 +25,7 @@ from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed
 from pipeline.cache import BuildCache  # noqa: E402
 from pipeline.doitcli import code_version, doit_config, guarded, subtask_name  # noqa: E402
 from pipeline.errors import VianoError  # noqa: E402
+from pipeline.limits import CaseBuilderLimits  # noqa: E402
 from pipeline.workspace import Workspace, validate_id  # noqa: E402
 
 CASE = get_var("case")
@@ -175,6 +176,7 @@ def _read_inputs():
     root, case_id, cache = context
     plan = _plan(cache)
     inline = plan["limits"]["inline_fact_value"]
+    limits = CaseBuilderLimits(**plan["limits"])
     reusing = reuses_confirmed_case(cache)
     for doc in plan["documents"]:
         # The target's name encodes content, path, contract, builder code and
@@ -185,7 +187,7 @@ def _read_inputs():
             "name": subtask_name(doc["path"]),
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
                                    doc["path"], doc["sha256"], doc["size"], doc["contract"]],
-                         {"inline_fact_value": inline})],
+                         {"limits": limits, "inline_fact_value": inline})],
             "targets": [str(cache.input_record(doc["path"], doc["sha256"], doc["contract"], inline, over))],
             "uptodate": [True],
         }

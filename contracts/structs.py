@@ -62,6 +62,9 @@ __all__ = [
     "ResearchStatement",
     "ResearchSource",
     "ResearchResult",
+    "CaseBuilderLimitSettings",
+    "AdmissionLimitSettings",
+    "WorkspaceLimits",
     "STRUCTS",
     "is_date_time",
 ]
@@ -327,6 +330,42 @@ class ResearchResult(Base):
     sources: tuple[ResearchSource, ...]
 
 
+# -- workspace limits (urn:viano:workspace-limits-v1) ------------------------
+
+
+class CaseBuilderLimitSettings(Base):
+    """Overrides of :class:`pipeline.limits.CaseBuilderLimits` (absent = default)."""
+
+    document_bytes: Positive | UnsetType = UNSET
+    aggregate_bytes: Positive | UnsetType = UNSET
+    documents: Positive | UnsetType = UNSET
+    case_bytes: Positive | UnsetType = UNSET
+    summary_bytes: Positive | UnsetType = UNSET
+    inline_fact_value: Positive | UnsetType = UNSET
+
+
+class AdmissionLimitSettings(Base):
+    """Overrides of :class:`pipeline.zipscan.ZipLimits` (absent = default)."""
+
+    max_entries: Positive | UnsetType = UNSET
+    max_entry_bytes: Positive | UnsetType = UNSET
+    max_total_bytes: Positive | UnsetType = UNSET
+    max_ratio: Positive | UnsetType = UNSET
+    ratio_min_bytes: Size | UnsetType = UNSET
+    manifest_bytes: Positive | UnsetType = UNSET
+    check_free_disk: bool | UnsetType = UNSET
+    free_disk_reserve: Size | UnsetType = UNSET
+
+
+class WorkspaceLimits(Base):
+    """``viano-workspace-limits`` v1: a workspace's ``limits.json``."""
+
+    format: Literal["viano-workspace-limits"]
+    format_version: Literal[1]
+    case_builder: CaseBuilderLimitSettings | UnsetType = UNSET
+    admission: AdmissionLimitSettings | UnsetType = UNSET
+
+
 #: contract name -> the Struct mirroring it.
 STRUCTS: dict[str, type[msgspec.Struct]] = {
     "bug-report": BugReport,
@@ -336,4 +375,5 @@ STRUCTS: dict[str, type[msgspec.Struct]] = {
     "package-manifest": PackageManifest,
     "research-request": ResearchRequest,
     "research-result": ResearchResult,
+    "workspace-limits": WorkspaceLimits,
 }

@@ -339,10 +339,13 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     from .doitcli import lock_if_admitted_since_the_start
     from .faults import crashpoint
 
-    limits = limits or CaseBuilderLimits()
     case_id = validate_id(case_id, "case_id")
     ws = _workspace(workspace_root)
     crashpoint("build:validate-index")
+    if limits is None:
+        from .workspace_limits import read_workspace_limits
+
+        limits = read_workspace_limits(ws.root).case_builder
     store = open_existing_store(ws, case_id)
     try:
         lock_if_admitted_since_the_start(ws, case_id)
@@ -953,7 +956,8 @@ def _prior_rereader(workspace_root, case_id: str, plan: dict):
 
 def _check_case_size(plan: dict, data: bytes) -> None:
     if len(data) > plan["limits"]["case_bytes"]:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}", path=plan["outputs"]["case"])
+        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']} "
+                                                f"(case_builder.case_bytes in the workspace's limits.json)", path=plan["outputs"]["case"])
 
 
 def _units(snapshot: dict) -> list[list[str]]:
@@ -1170,7 +1174,8 @@ def step_render(workspace_root, case_id) -> None:
                 except OSError:
                     pass  # only a head start for the next render
     if len(data) > plan["limits"]["summary_bytes"]:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}", path=plan["outputs"]["case_summary"])
+        raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']} "
+                                                f"(case_builder.summary_bytes in the workspace's limits.json)", path=plan["outputs"]["case_summary"])
     _write_output(cache, cache.summary, data)
     _leave_splice_state(cache, plan, case_bytes, data, splicing)
 
@@ -1363,7 +1368,10 @@ def leave_prior_view(ws, case_id: str, package) -> None:
         cache = case_cache(ws, case_id)
         if cache.prior_view(path, entry["sha256"]).exists():
             return
-        _read_index, read_prior_case = document_readers(package, CaseBuilderLimits(), relaxed=True, cache=cache)
+        from .workspace_limits import read_workspace_limits
+
+        limits = read_workspace_limits(ws.root).case_builder
+        _read_index, read_prior_case = document_readers(package, limits, relaxed=True, cache=cache)
         read_prior_case({"path": path, "sha256": entry["sha256"], "size": entry["size"]}, manifest)
     except (OSError, VianoError):
         pass
@@ -1460,7 +1468,8 @@ class CaseBuilder:
 
     def __init__(self, store, limits: CaseBuilderLimits | None = None) -> None:
         self.store = store
-        self.limits = limits or CaseBuilderLimits()
+        #: None: the workspace's own (its ``limits.json``, else the defaults), read per build.
+        self.limits = limits
 
     def build(self, case_id: str, package_id: str | None = None) -> BuildResult:
         """Build (or reuse) the case; every failure is a :class:`CaseBuildError`
@@ -1482,11 +1491,16 @@ class CaseBuilder:
         # run), so it does not keep this process's other threads out; builds
         # of one case through this API take turns here, as processes do there.
         with _thread_turn(ws, case_id), _locked(ws, case_id):
-            plan = step_validate_index(ws.root, case_id, self.limits)
+            limits = self.limits
+            if limits is None:
+                from .workspace_limits import read_workspace_limits
+
+                limits = read_workspace_limits(ws.root).case_builder
+            plan = step_validate_index(ws.root, case_id, limits)
             if package_id is not None and package_id != plan["package_id"]:
                 raise CaseBuildError("INVALID_ARGUMENT", f"case {case_id} holds package {plan['package_id']}, not {package_id}")
             for doc in plan["documents"]:
-                step_read_input(ws.root, case_id, plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"], self.limits,
+                step_read_input(ws.root, case_id, plan["package_id"], doc["path"], doc["sha256"], doc["size"], doc["contract"], limits,
                                 plan["limits"]["inline_fact_value"])
             for ref in plan["opaque"]:
                 step_hash_context(ws.root, case_id, plan["package_id"], ref["path"], ref["sha256"], ref["size"])

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError, coded_io_error, one_line
 from .jsoncanon import CASE_MAX_DEPTH, decode_strict, pretty_bytes, sha256_hex
-from .limits import CaseBuilderLimits
 from .workspace import user_path
+from .workspace_limits import read_workspace_limits
 
 __all__ = [
     "cmd_admit",
@@ -141,7 +141,7 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
     source_path = user_path(_required(source, "source"))
     if not source_path.exists() and not source_path.is_symlink():
         raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
-    manifest = admit(ws, case_id, source_path)
+    manifest = admit(ws, case_id, source_path, limits=read_workspace_limits(ws.root).admission())
     total = sum(entry["size"] for entry in manifest["files"].values())
     _out(
         f"admitted case {case_id}: package {manifest['package_id']}, generation 1, "
@@ -164,7 +164,8 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     source_path = user_path(_required(source, "source"))
     if not source_path.exists() and not source_path.is_symlink():
         raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
-    limits = CaseBuilderLimits()
+    configured = read_workspace_limits(ws.root)
+    limits = configured.case_builder
     store = _existing_store(ws, case_id)
     try:
         with _caught_up(ws, store, case_id) as (record, package):
@@ -186,7 +187,9 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                     raise reopen_required()
 
             refuse_source_holding(source_path, ws.root)
-            staged = read_append_source(source_path, staging_dir=ws.staging_dir(), before_staging=only_a_repeat)
+            staged = read_append_source(
+                source_path, configured.admission(), staging_dir=ws.staging_dir(), before_staging=only_a_repeat
+            )
             try:
                 index_bytes = staged.index_bytes
                 read_document(index_bytes, "case-inputs", path="case-inputs.json", max_bytes=limits.document_bytes)
@@ -514,7 +517,7 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
 
     case_id, ws = _context(case, workspace)
     destination = user_path(_required(dest, "dest"))
-    limits = CaseBuilderLimits()
+    limits = read_workspace_limits(ws.root).case_builder
     # The workspace holds only what the pipeline writes: a file exported into
     # a package's content would be taken for a crashed writer's and removed,
     # and one anywhere else would be left for nothing to account for.
@@ -643,6 +646,19 @@ def _publishing_manifest(package, generation: int, case_path: str) -> dict:
 # ------------------------------------------------------------------ status
 
 
+def _limits_line(ws) -> str:
+    from .workspace_limits import LIMITS_FILE, read_workspace_limits
+
+    try:
+        limits = read_workspace_limits(ws.root)
+    except VianoError as error:
+        return f"{LIMITS_FILE} is refused, and with it every command on this workspace: {one_line(str(error))}"
+    if not limits.configured:
+        return f"the defaults (no {LIMITS_FILE} in the workspace)"
+    changed = limits.changed()
+    return f"{LIMITS_FILE}: " + (", ".join(changed) if changed else "every limit at its default")
+
+
 @_coded
 def cmd_status(case=None, workspace=None) -> None:
     """Print state, revision, generation, artifacts, checkpoints and the build outlook."""
@@ -677,6 +693,7 @@ def cmd_status(case=None, workspace=None) -> None:
     for key in sorted(manifest.get("artifacts", {})):
         _out(f"artifact {key}: {manifest['artifacts'][key]}")
     _out(f"files: {len(manifest['files'])}")
+    _out(f"limits: {_limits_line(ws)}")
     _out("checkpoints (latest last):")
     for checkpoint in checkpoints[-8:]:
         _out(
@@ -697,7 +714,7 @@ def cmd_probes(case=None, workspace=None) -> int:
     from .probes import probes_command_output
 
     case_id, ws = _context(case, workspace)
-    limits = CaseBuilderLimits()
+    limits = read_workspace_limits(ws.root).case_builder
     record, package = _observed(ws, case_id)
     manifest = package.manifest(record.generation)
     path = manifest.get("artifacts", {}).get("case")

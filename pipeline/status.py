@@ -11,7 +11,6 @@ import os
 
 from .cache import BuildCache
 from .errors import VianoError
-from .limits import CaseBuilderLimits
 from .plan import make_plan
 
 __all__ = ["build_outlook"]
@@ -110,10 +109,16 @@ def _damaged_outputs(package, plan: dict) -> str | None:
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .build import document_readers, open_existing_store
 
-    limits = CaseBuilderLimits()
+    from .workspace_limits import read_workspace_limits
+
     rows = [("validate_index", "always runs (takes in new generations, re-checks every index)")]
     if record.state == "BLOCKED":
         rows.append(("build", "would fail: ILLEGAL_TRANSITION (the case is BLOCKED)"))
+        return rows
+    try:
+        limits = read_workspace_limits(ws.root).case_builder
+    except VianoError as error:
+        rows.append(("validate_index", f"would fail: {error}"))
         return rows
     read_index, read_prior_case = document_readers(package, limits)
     # The build takes in generations the store has not recorded yet before

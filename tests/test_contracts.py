@@ -32,6 +32,7 @@ INPUT_CONTRACTS = (
     "reproduction",
     "research-request",
     "research-result",
+    "workspace-limits",
 )
 
 # -- schema-driven document strategies --------------------------------------

@@ -1,0 +1,268 @@
+"""A workspace's limits.json: read strictly, applied by every command, and the
+way out of a revision whose case only the build finds too large."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import contracts
+from pipeline.errors import VianoError
+from pipeline.limits import CaseBuilderLimits
+from pipeline.workspace_limits import (
+    LIMITS_FILE,
+    MAX_LIMITS_BYTES,
+    _SECTIONS,
+    _plainly_valid,
+    read_workspace_limits,
+    workspace_limits_from,
+)
+from pipeline.zipscan import ZipLimits
+from tests.conftest import FIXTURES, REPO
+from tests.e2e.kit import doit, index, make_append, make_package, manifests, package_dir, report, tree_digest
+from tests.test_contracts import any_documents, schema_accepts, valid_documents
+
+
+def _limits(**sections) -> dict:
+    return {"format": "viano-workspace-limits", "format_version": 1, **sections}
+
+
+def _write(root: Path, value) -> None:
+    (root / LIMITS_FILE).write_bytes(value if isinstance(value, bytes) else json.dumps(value).encode())
+
+
+# -- the contract, the plain check and the dataclasses agree -----------------
+
+
+def test_the_contract_names_exactly_the_limits_of_both_dataclasses():
+    properties = contracts.SCHEMAS["workspace-limits"]["properties"]
+    case_builder = {item.name for item in dataclasses.fields(CaseBuilderLimits)}
+    admission = {item.name for item in dataclasses.fields(ZipLimits)}
+    assert set(properties["case_builder"]["properties"]) == case_builder == set(_SECTIONS["case_builder"])
+    assert set(properties["admission"]["properties"]) == admission == set(_SECTIONS["admission"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_documents(names=("workspace-limits",)))
+def test_the_plain_check_accepts_every_valid_document(case):
+    _name, document = case
+    assert _plainly_valid(document), document
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_documents(names=("workspace-limits",)))
+def test_the_plain_check_accepts_only_what_the_contract_accepts(case):
+    _name, document = case
+    if _plainly_valid(document):
+        assert schema_accepts("workspace-limits", document), document
+
+
+def test_the_limits_set_are_applied_and_the_rest_keep_their_defaults():
+    limits = workspace_limits_from(json.dumps(_limits(
+        case_builder={"case_bytes": 16 << 20, "documents": 300},
+        admission={"max_entry_bytes": 1 << 30, "check_free_disk": False},
+    )).encode())
+    assert limits.case_builder == CaseBuilderLimits(case_bytes=16 << 20, documents=300)
+    assert limits.admission() == ZipLimits(max_entry_bytes=1 << 30, check_free_disk=False)
+    assert limits.changed() == [
+        "case_builder.documents=300", "case_builder.case_bytes=16777216",
+        "admission.check_free_disk=false", "admission.max_entry_bytes=1073741824",
+    ]
+
+
+def test_no_file_means_the_defaults(tmp_path):
+    limits = read_workspace_limits(tmp_path)
+    assert not limits.configured
+    assert limits.case_builder == CaseBuilderLimits()
+    assert limits.admission() == ZipLimits()
+    assert read_workspace_limits(tmp_path / "not-yet-made").case_builder == CaseBuilderLimits()
+
+
+@pytest.mark.parametrize(
+    "content,code,pointer",
+    [
+        (_limits(case_builder={"case_byte": 1}), "SCHEMA_VIOLATION", "/case_builder/case_byte"),  # misspelt: never ignored
+        (_limits(case_builder={"case_bytes": 0}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
+        (_limits(case_builder={"case_bytes": True}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
+        (_limits(case_builder={"case_bytes": 1.0}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
+        (_limits(admission={"check_free_disk": 0}), "SCHEMA_VIOLATION", "/admission/check_free_disk"),
+        (_limits(research={}), "SCHEMA_VIOLATION", "/research"),
+        ({"format": "viano-workspace-limits", "format_version": 2}, "UNSUPPORTED_VERSION", "/format_version"),
+        ({"format": "viano-package", "format_version": 1}, "UNSUPPORTED_VERSION", "/format"),
+        (b'{"format":"viano-workspace-limits","format_version":1,"case_builder":{"case_bytes":1,"case_bytes":9}}',
+         "JSON_DUPLICATE_KEY", "/case_builder/case_bytes"),
+        (b'{"format":"viano-workspace-limits","format_version":1,"case_builder":{"case_bytes":9007199254740993}}',
+         "JSON_NUMBER", "/case_builder/case_bytes"),
+        (b"\xef\xbb\xbf{}", "JSON_ENCODING", None),
+        (b"{", "JSON_SYNTAX", None),
+    ],
+)
+def test_a_bad_limits_file_is_refused_with_its_code_and_pointer(tmp_path, content, code, pointer):
+    _write(tmp_path, content)
+    with pytest.raises(VianoError) as caught:
+        read_workspace_limits(tmp_path)
+    assert caught.value.code == code
+    assert caught.value.path == LIMITS_FILE
+    if pointer is not None:
+        assert (caught.value.pointer or "") == pointer
+
+
+def test_an_oversized_limits_file_is_refused_before_it_is_read(tmp_path):
+    _write(tmp_path, b" " * (MAX_LIMITS_BYTES + 1))
+    with pytest.raises(VianoError) as caught:
+        read_workspace_limits(tmp_path)
+    assert caught.value.code == "LIMIT_EXCEEDED"
+
+
+def test_a_symlinked_limits_file_is_never_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(_limits(case_builder={"case_bytes": 1})))
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / LIMITS_FILE).symlink_to(elsewhere)
+    with pytest.raises(VianoError) as caught:
+        read_workspace_limits(root)
+    assert caught.value.code == "REFERENCE_UNSAFE"
+
+
+def test_a_folder_named_limits_json_is_an_io_error(tmp_path):
+    (tmp_path / LIMITS_FILE).mkdir()
+    with pytest.raises(VianoError) as caught:
+        read_workspace_limits(tmp_path)
+    assert caught.value.code == "IO_ERROR"
+
+
+def test_a_fifo_named_limits_json_is_refused_without_waiting_for_a_writer(tmp_path):
+    os.mkfifo(tmp_path / LIMITS_FILE)
+    # In a child with a deadline: a read that waited for a writer would hang the suite.
+    child = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pipeline.workspace_limits import read_workspace_limits\n"
+         "from pipeline.errors import VianoError\n"
+         "try:\n    read_workspace_limits(sys.argv[1])\nexcept VianoError as e:\n    print(e.code)\n",
+         str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert child.stdout.strip() == "IO_ERROR", child.stderr
+
+
+# -- every command applies them -----------------------------------------------
+
+
+def _sample_case(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    assert doit("admit", "case=c1", f"source={FIXTURES / 'sample'}", workspace=ws).returncode == 0
+    return ws
+
+
+def test_a_case_too_large_for_its_limit_builds_once_the_workspace_raises_it(tmp_path):
+    """The way out of a revision whose case only the build finds too large:
+    nothing is published at the lower limit, the start checkpoint stays, and
+    the same revision builds once limits.json raises the limit; lowering it
+    again leaves the confirmed case as it is."""
+    ws = _sample_case(tmp_path)
+    _write(ws, _limits(case_builder={"case_bytes": 1000}))
+    failed = doit("build", "case=c1", workspace=ws)
+    assert failed.returncode != 0
+    assert failed.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: case.json would be ")
+    assert "case_builder.case_bytes in the workspace's limits.json" in failed.stderr
+    assert len(manifests(ws, "c1", "hub-switch-2031")) == 1  # nothing published
+    status = doit("status", "case=c1", workspace=ws)
+    assert "limits: limits.json: case_builder.case_bytes=1000" in status.stdout
+
+    _write(ws, _limits(case_builder={"case_bytes": 8 << 20, "summary_bytes": 4 << 20}))
+    built = doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert "confirmed at generation 2" in built.stdout
+    published = tree_digest(package_dir(ws, "c1", "hub-switch-2031"))
+
+    _write(ws, _limits(case_builder={"case_bytes": 1000}))
+    again = doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "confirmed at generation 2" in again.stdout
+    assert tree_digest(package_dir(ws, "c1", "hub-switch-2031")) == published
+
+
+def test_a_build_reads_documents_up_to_the_configured_document_bound(tmp_path):
+    """read_input takes its bound from the plan, so a raised document limit
+    lets a document over the default through every step, not only planning."""
+    big = report("big report", observations=[{"text": "x" * 1000} for _ in range(1100)])
+    source = make_package(tmp_path / "pkg", files={"original/reports/big.json": big},
+                          index=index(reports=["original/reports/big.json"]))
+    ws = tmp_path / "ws"
+    assert doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    refused = doit("build", "case=c1", workspace=ws)
+    assert refused.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: document is ")
+    _write(ws, _limits(case_builder={"document_bytes": 2 << 20}))
+    built = doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert "read_input:original/reports/big.json" in built.stderr
+
+
+def test_append_refuses_by_the_configured_document_count(tmp_path):
+    source = make_package(tmp_path / "pkg", files={"original/reports/a.json": report("a", observations=[{"text": "seen"}])},
+                          index=index(reports=["original/reports/a.json"]))
+    ws = tmp_path / "ws"
+    assert doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert doit("build", "case=c1", workspace=ws).returncode == 0
+    assert doit("reopen", "case=c1", "by=human:t", "reason=more", workspace=ws).returncode == 0
+    extra = make_append(tmp_path / "more", files={"original/reports/b.json": report("b", observations=[{"text": "also"}])},
+                        index=index(reports=["original/reports/b.json"]))
+    _write(ws, _limits(case_builder={"documents": 2}))  # a, b and the index make three
+    before = tree_digest(ws)
+    refused = doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: after this append the build would read 3 structured documents (limit 2)")
+    assert tree_digest(ws) == before
+    _write(ws, _limits(case_builder={"documents": 3}))
+    assert doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+
+
+def test_admission_applies_the_configured_admission_limits(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _write(ws, _limits(admission={"max_entry_bytes": 1024}))
+    refused = doit("admit", "case=c1", f"source={FIXTURES / 'sample'}", workspace=ws)
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: file is ")
+    assert not (ws / "cases").exists()
+
+
+def test_a_refused_limits_file_stops_every_command_with_its_code(tmp_path):
+    ws = _sample_case(tmp_path)
+    _write(ws, _limits(case_builder={"case_byte": 1}))
+    build = doit("build", "case=c1", workspace=ws)
+    assert build.returncode != 0
+    assert build.stderr.strip().splitlines()[-1].startswith("SCHEMA_VIOLATION: ")
+    assert "(limits.json#/case_builder/case_byte)" in build.stderr
+    status = doit("status", "case=c1", workspace=ws)
+    assert "limits: limits.json is refused" in status.stdout
+    assert "validate_index: would fail: SCHEMA_VIOLATION" in status.stdout
+    admit = doit("admit", "case=c2", f"source={FIXTURES / 'sample'}", workspace=ws)
+    assert admit.stderr.strip().splitlines()[-1].startswith("SCHEMA_VIOLATION: ")
+
+
+def test_the_python_api_takes_the_workspace_limits_unless_given_its_own(tmp_path):
+    from pipeline.build import CaseBuilder
+    from pipeline.errors import CaseBuildError
+    from pipeline.lifecycle import CheckpointStore
+    from pipeline.workspace import Workspace
+
+    ws = _sample_case(tmp_path)
+    _write(ws, _limits(case_builder={"case_bytes": 1000}))
+    store = CheckpointStore(Workspace(ws))
+    try:
+        with pytest.raises(CaseBuildError) as caught:
+            CaseBuilder(store).build("c1")
+        assert caught.value.code == "LIMIT_EXCEEDED"
+        result = CaseBuilder(store, CaseBuilderLimits()).build("c1")
+        assert result["status"] == "published"
+    finally:
+        store.close()
