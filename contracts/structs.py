@@ -333,26 +333,31 @@ class ResearchResult(Base):
 # -- workspace limits (urn:viano:workspace-limits-v1) ------------------------
 
 
-class CaseBuilderLimitSettings(Base):
-    """Overrides of :class:`pipeline.limits.CaseBuilderLimits` (absent = default)."""
+def _within(low: int, high: int):
+    return Annotated[int, Meta(ge=low, le=high)]
 
-    document_bytes: Positive | UnsetType = UNSET
-    aggregate_bytes: Positive | UnsetType = UNSET
-    documents: Positive | UnsetType = UNSET
-    case_bytes: Positive | UnsetType = UNSET
-    summary_bytes: Positive | UnsetType = UNSET
-    inline_fact_value: Positive | UnsetType = UNSET
+
+class CaseBuilderLimitSettings(Base):
+    """Raises of :class:`pipeline.limits.CaseBuilderLimits` (absent = default),
+    from the default up to the ceiling the builder is built for."""
+
+    document_bytes: _within(1 << 20, 2 << 20) | UnsetType = UNSET
+    aggregate_bytes: _within(8 << 20, 64 << 20) | UnsetType = UNSET
+    documents: _within(256, 4096) | UnsetType = UNSET
+    case_bytes: _within(8 << 20, 64 << 20) | UnsetType = UNSET
+    summary_bytes: _within(8 << 20, 64 << 20) | UnsetType = UNSET
+    inline_fact_value: _within(16 << 10, 1 << 20) | UnsetType = UNSET
 
 
 class AdmissionLimitSettings(Base):
     """Overrides of :class:`pipeline.zipscan.ZipLimits` (absent = default)."""
 
-    max_entries: Positive | UnsetType = UNSET
+    max_entries: _within(1, 65536) | UnsetType = UNSET
     max_entry_bytes: Positive | UnsetType = UNSET
     max_total_bytes: Positive | UnsetType = UNSET
     max_ratio: Positive | UnsetType = UNSET
     ratio_min_bytes: Size | UnsetType = UNSET
-    manifest_bytes: Positive | UnsetType = UNSET
+    manifest_bytes: _within(1, 16 << 20) | UnsetType = UNSET
     check_free_disk: bool | UnsetType = UNSET
     free_disk_reserve: Size | UnsetType = UNSET
 

@@ -957,7 +957,7 @@ def _prior_rereader(workspace_root, case_id: str, plan: dict):
 def _check_case_size(plan: dict, data: bytes) -> None:
     if len(data) > plan["limits"]["case_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']} "
-                                                f"(case_builder.case_bytes in the workspace's limits.json)", path=plan["outputs"]["case"])
+                                                f"(a workspace raises case_builder.case_bytes in its limits.json)", path=plan["outputs"]["case"])
 
 
 def _units(snapshot: dict) -> list[list[str]]:
@@ -1175,7 +1175,7 @@ def step_render(workspace_root, case_id) -> None:
                     pass  # only a head start for the next render
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']} "
-                                                f"(case_builder.summary_bytes in the workspace's limits.json)", path=plan["outputs"]["case_summary"])
+                                                f"(a workspace raises case_builder.summary_bytes in its limits.json)", path=plan["outputs"]["case_summary"])
     _write_output(cache, cache.summary, data)
     _leave_splice_state(cache, plan, case_bytes, data, splicing)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError, coded_io_error, one_line
 from .jsoncanon import CASE_MAX_DEPTH, decode_strict, pretty_bytes, sha256_hex
 from .workspace import user_path
-from .workspace_limits import read_workspace_limits
+from .workspace_limits import PUBLISHED_CASE_CEILING, PUBLISHED_SUMMARY_CEILING, read_workspace_limits
 
 __all__ = [
     "cmd_admit",
@@ -447,6 +447,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     text = _required_text(reason, "reason")
     if len(text) > _REASON_LIMIT:
         raise VianoError("INVALID_ARGUMENT", f"reason is longer than {_REASON_LIMIT} characters")
+    read_workspace_limits(ws.root)  # a refused limits.json stops every command alike
     store = _existing_store(ws, case_id)
     try:
         with _caught_up(ws, store, case_id) as (record, package):
@@ -517,7 +518,10 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
 
     case_id, ws = _context(case, workspace)
     destination = user_path(_required(dest, "dest"))
-    limits = read_workspace_limits(ws.root).case_builder
+    # Published outputs are read up to the largest any workspace may have
+    # published (limits bound new work only); a refused limits.json still
+    # stops this command as every other.
+    read_workspace_limits(ws.root)
     # The workspace holds only what the pipeline writes: a file exported into
     # a package's content would be taken for a crashed writer's and removed,
     # and one anywhere else would be left for nothing to account for.
@@ -548,8 +552,8 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     manifest = _publishing_manifest(package, record.generation, case_path)
     artifacts = manifest["artifacts"]
     outputs = {
-        "case.json": package.read_verified(artifacts["case"], limits.case_bytes, manifest=manifest),
-        "case_summary.md": package.read_verified(artifacts["case_summary"], limits.summary_bytes, manifest=manifest),
+        "case.json": package.read_verified(artifacts["case"], PUBLISHED_CASE_CEILING, manifest=manifest),
+        "case_summary.md": package.read_verified(artifacts["case_summary"], PUBLISHED_SUMMARY_CEILING, manifest=manifest),
         "manifest.json": pretty_bytes(manifest),
     }
     written: list[Path] = []
@@ -714,14 +718,14 @@ def cmd_probes(case=None, workspace=None) -> int:
     from .probes import probes_command_output
 
     case_id, ws = _context(case, workspace)
-    limits = read_workspace_limits(ws.root).case_builder
+    read_workspace_limits(ws.root)  # a refused limits.json stops every command alike
     record, package = _observed(ws, case_id)
     manifest = package.manifest(record.generation)
     path = manifest.get("artifacts", {}).get("case")
     if not path:
         raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
-    data = package.read_verified(path, limits.case_bytes, manifest=manifest)
-    document = decode_strict(data, max_bytes=limits.case_bytes, max_depth=CASE_MAX_DEPTH, path=path)
+    data = package.read_verified(path, PUBLISHED_CASE_CEILING, manifest=manifest)
+    document = decode_strict(data, max_bytes=PUBLISHED_CASE_CEILING, max_depth=CASE_MAX_DEPTH, path=path)
     built_revision = int(path.split("/")[2])
     if built_revision < record.analysis_revision:
         _progress(f"note: revision {record.analysis_revision} has no case yet; these probes are for revision {built_revision}'s case")

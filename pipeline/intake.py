@@ -62,7 +62,7 @@ from typing import Callable, Iterator
 from .interrupts import InterruptsWhileCopying, despite_interrupts
 from .errors import AdmissionError, VianoError, coded_io_error
 from .faults import crashpoint
-from .jsoncanon import pretty_bytes
+from .jsoncanon import pretty_bytes, read_fd_at_most
 from .lifecycle import CheckpointStore
 from .packages import _pid_alive
 from .workspace import (
@@ -326,17 +326,11 @@ class _DirSource(_Source):
     def read_small(self, relpath: str, limit: int) -> bytes:
         fd = self._open_file(relpath)
         try:
-            if os.fstat(fd).st_size > limit:
-                raise _source_error("LIMIT_EXCEEDED", f"{os.fstat(fd).st_size} bytes, limit {limit}", relpath)
-            data = b""
-            while len(data) <= limit:
-                chunk = os.read(fd, limit + 1 - len(data))
-                if not chunk:
-                    break
-                data += chunk
-            if len(data) > limit:
-                raise _source_error("LIMIT_EXCEEDED", f"more than {limit} bytes", relpath)
-            return data
+            size = os.fstat(fd).st_size
+            if size > limit:
+                raise _source_error("LIMIT_EXCEEDED", f"{size} bytes, limit {limit}", relpath)
+            # Asked for by the file's size, not the limit: read(n) allocates n.
+            return read_fd_at_most(fd, limit, label=relpath, error=AdmissionError)
         finally:
             os.close(fd)
 

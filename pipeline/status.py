@@ -17,12 +17,13 @@ __all__ = ["build_outlook"]
 
 
 def _cached_bytes(path, limit: int) -> bytes | None:
+    from .jsoncanon import read_bounded
+
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(limit + 1)
-    except OSError:
+        # Sized from fstat: read(limit + 1) would allocate the whole limit first.
+        return read_bounded(path, limit)
+    except (OSError, VianoError):
         return None
-    return data if len(data) <= limit else None
 
 
 def _cached_case(cache: BuildCache, limit: int) -> dict | None:

@@ -30,37 +30,57 @@ from typing import Any
 
 from .errors import VianoError
 from .jsoncanon import decode_strict, read_fd_at_most
-from .limits import CaseBuilderLimits, KiB
+from .limits import CaseBuilderLimits, KiB, MiB
 
-__all__ = ["LIMITS_FILE", "MAX_LIMITS_BYTES", "WorkspaceLimits", "read_workspace_limits", "workspace_limits_from"]
+__all__ = [
+    "LIMITS_FILE",
+    "MAX_LIMITS_BYTES",
+    "PUBLISHED_CASE_CEILING",
+    "PUBLISHED_SUMMARY_CEILING",
+    "WorkspaceLimits",
+    "read_workspace_limits",
+    "workspace_limits_from",
+]
 
 LIMITS_FILE = "limits.json"
 MAX_LIMITS_BYTES = 64 * KiB
 
 _FORMAT = "viano-workspace-limits"
 _MAX_SAFE_INTEGER = 2**53 - 1
-# Section -> limit -> the smallest value it takes (``bool`` for a switch). A
-# size of 0 is meaningful only where nothing is read against it.
+# Section -> limit -> (smallest, largest) value it takes, or ``bool`` for a
+# switch; the contract holds the same ranges (tests hold them equal). The case
+# builder's start at their defaults: a lower limit would make inputs a
+# revision already holds (an earlier index, a prior case) unreadable to its
+# next build, or refuse outputs already published. Their ceilings keep every
+# derived record within what the builder is built for: a report's cached
+# fragment measured ~17 x the report's bytes for tiny statements, and cache
+# records are bounded at 64 MiB. The admission limits may be lowered freely
+# (they judge incoming sources only); two of them bound memory, so they have
+# ceilings too.
 _SECTIONS: dict[str, dict[str, Any]] = {
     "case_builder": {
-        "document_bytes": 1,
-        "aggregate_bytes": 1,
-        "documents": 1,
-        "case_bytes": 1,
-        "summary_bytes": 1,
-        "inline_fact_value": 1,
+        "document_bytes": (1 * MiB, 2 * MiB),
+        "aggregate_bytes": (8 * MiB, 64 * MiB),
+        "documents": (256, 4096),
+        "case_bytes": (8 * MiB, 64 * MiB),
+        "summary_bytes": (8 * MiB, 64 * MiB),
+        "inline_fact_value": (16 * KiB, 1 * MiB),
     },
     "admission": {
-        "max_entries": 1,
-        "max_entry_bytes": 1,
-        "max_total_bytes": 1,
-        "max_ratio": 1,
-        "ratio_min_bytes": 0,
-        "manifest_bytes": 1,
+        "max_entries": (1, 65536),
+        "max_entry_bytes": (1, _MAX_SAFE_INTEGER),
+        "max_total_bytes": (1, _MAX_SAFE_INTEGER),
+        "max_ratio": (1, _MAX_SAFE_INTEGER),
+        "ratio_min_bytes": (0, _MAX_SAFE_INTEGER),
+        "manifest_bytes": (1, 16 * MiB),
         "check_free_disk": bool,
-        "free_disk_reserve": 0,
+        "free_disk_reserve": (0, _MAX_SAFE_INTEGER),
     },
 }
+#: The largest case.json and summary any workspace may have published: what
+#: export and probes read a published output up to, whatever the limits now.
+PUBLISHED_CASE_CEILING = _SECTIONS["case_builder"]["case_bytes"][1]
+PUBLISHED_SUMMARY_CEILING = _SECTIONS["case_builder"]["summary_bytes"][1]
 
 
 @dataclass(frozen=True)
@@ -113,11 +133,11 @@ def _plainly_valid(document: Any) -> bool:
         for name, value in section.items():
             if name not in allowed:
                 return False
-            minimum = allowed[name]
-            if minimum is bool:
+            bounds = allowed[name]
+            if bounds is bool:
                 if type(value) is not bool:
                     return False
-            elif type(value) is not int or not minimum <= value <= _MAX_SAFE_INTEGER:
+            elif type(value) is not int or not bounds[0] <= value <= bounds[1]:
                 return False
     return True
 

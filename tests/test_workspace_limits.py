@@ -49,6 +49,22 @@ def test_the_contract_names_exactly_the_limits_of_both_dataclasses():
     assert set(properties["admission"]["properties"]) == admission == set(_SECTIONS["admission"])
 
 
+def test_the_plain_check_takes_the_contract_s_ranges_and_the_case_builder_s_start_at_the_defaults():
+    properties = contracts.SCHEMAS["workspace-limits"]["properties"]
+    for section, limits in _SECTIONS.items():
+        for name, bounds in limits.items():
+            schema = properties[section]["properties"][name]
+            if bounds is bool:
+                assert schema == {"type": "boolean"}
+                continue
+            if "$ref" in schema:
+                schema = contracts.SCHEMAS["workspace-limits"]["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+            assert (schema["minimum"], schema["maximum"]) == bounds, (section, name)
+    defaults = CaseBuilderLimits()
+    for name, (smallest, _largest) in _SECTIONS["case_builder"].items():
+        assert smallest == getattr(defaults, name), name  # raised only, never lowered
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_documents(names=("workspace-limits",)))
 def test_the_plain_check_accepts_every_valid_document(case):
@@ -90,6 +106,13 @@ def test_no_file_means_the_defaults(tmp_path):
     [
         (_limits(case_builder={"case_byte": 1}), "SCHEMA_VIOLATION", "/case_builder/case_byte"),  # misspelt: never ignored
         (_limits(case_builder={"case_bytes": 0}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
+        # The case builder's limits are raised only, and only up to their ceilings.
+        (_limits(case_builder={"case_bytes": 1000}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
+        (_limits(case_builder={"documents": 255}), "SCHEMA_VIOLATION", "/case_builder/documents"),
+        (_limits(case_builder={"case_bytes": (64 << 20) + 1}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
+        (_limits(case_builder={"document_bytes": (2 << 20) + 1}), "SCHEMA_VIOLATION", "/case_builder/document_bytes"),
+        (_limits(admission={"max_entries": 65537}), "SCHEMA_VIOLATION", "/admission/max_entries"),
+        (_limits(admission={"manifest_bytes": (16 << 20) + 1}), "SCHEMA_VIOLATION", "/admission/manifest_bytes"),
         (_limits(case_builder={"case_bytes": True}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
         (_limits(case_builder={"case_bytes": 1.0}), "SCHEMA_VIOLATION", "/case_builder/case_bytes"),
         (_limits(admission={"check_free_disk": 0}), "SCHEMA_VIOLATION", "/admission/check_free_disk"),
@@ -162,32 +185,55 @@ def _sample_case(tmp_path: Path) -> Path:
     return ws
 
 
-def test_a_case_too_large_for_its_limit_builds_once_the_workspace_raises_it(tmp_path):
+def _too_large_case(tmp_path: Path) -> Path:
+    """A case only the build finds too large: one report within every input
+    limit (~0.95 MiB) whose 75,000 one-letter observations make a ~16 MB case."""
+    many = json.dumps(report("many small observations", observations=[{"text": "a"} for _ in range(75_000)]),
+                      separators=(",", ":")).encode()
+    assert len(many) < 1 << 20
+    source = make_package(tmp_path / "pkg", files={"original/reports/many.json": many},
+                          index=index(reports=["original/reports/many.json"]))
+    ws = tmp_path / "ws"
+    assert doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    return ws
+
+
+def test_a_case_too_large_for_the_default_limit_builds_once_the_workspace_raises_it(tmp_path):
     """The way out of a revision whose case only the build finds too large:
-    nothing is published at the lower limit, the start checkpoint stays, and
-    the same revision builds once limits.json raises the limit; lowering it
-    again leaves the confirmed case as it is."""
-    ws = _sample_case(tmp_path)
-    _write(ws, _limits(case_builder={"case_bytes": 1000}))
+    nothing is published under the default, the start checkpoint stays, and
+    the same revision builds once limits.json raises the limits; without the
+    file again the confirmed case is reused as it is, and exported and probed
+    whole."""
+    ws = _too_large_case(tmp_path)
     failed = doit("build", "case=c1", workspace=ws)
     assert failed.returncode != 0
-    assert failed.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: case.json would be ")
-    assert "case_builder.case_bytes in the workspace's limits.json" in failed.stderr
-    assert len(manifests(ws, "c1", "hub-switch-2031")) == 1  # nothing published
-    status = doit("status", "case=c1", workspace=ws)
-    assert "limits: limits.json: case_builder.case_bytes=1000" in status.stdout
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("LIMIT_EXCEEDED: case.json would be "), last
+    assert "a workspace raises case_builder.case_bytes in its limits.json" in last
+    assert len(manifests(ws, "c1")) == 1  # nothing published
+    assert "state: BUILDING_CASE" in doit("status", "case=c1", workspace=ws).stdout
 
-    _write(ws, _limits(case_builder={"case_bytes": 8 << 20, "summary_bytes": 4 << 20}))
+    _write(ws, _limits(case_builder={"case_bytes": 32 << 20, "summary_bytes": 32 << 20}))
+    status = doit("status", "case=c1", workspace=ws)
+    assert "limits: limits.json: case_builder.case_bytes=33554432, case_builder.summary_bytes=33554432" in status.stdout
     built = doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0, built.stderr
     assert "confirmed at generation 2" in built.stdout
-    published = tree_digest(package_dir(ws, "c1", "hub-switch-2031"))
+    case_json = package_dir(ws, "c1") / "content/case/revisions/0001/case.json"
+    assert case_json.stat().st_size > 8 << 20
+    published = tree_digest(package_dir(ws, "c1"))
 
-    _write(ws, _limits(case_builder={"case_bytes": 1000}))
+    (ws / LIMITS_FILE).unlink()
     again = doit("build", "case=c1", workspace=ws)
     assert again.returncode == 0, again.stderr
     assert "confirmed at generation 2" in again.stdout
-    assert tree_digest(package_dir(ws, "c1", "hub-switch-2031")) == published
+    assert tree_digest(package_dir(ws, "c1")) == published
+    exported = doit("export", "case=c1", f"dest={tmp_path / 'out'}", workspace=ws)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "out" / "case.json").read_bytes() == case_json.read_bytes()
+    probes = doit("probes", "case=c1", workspace=ws)
+    assert probes.returncode == 0, probes.stderr
+    assert '"case_id": "c1:reproduce"' in probes.stdout
 
 
 def test_a_build_reads_documents_up_to_the_configured_document_bound(tmp_path):
@@ -207,22 +253,23 @@ def test_a_build_reads_documents_up_to_the_configured_document_bound(tmp_path):
 
 
 def test_append_refuses_by_the_configured_document_count(tmp_path):
-    source = make_package(tmp_path / "pkg", files={"original/reports/a.json": report("a", observations=[{"text": "seen"}])},
-                          index=index(reports=["original/reports/a.json"]))
+    """255 reports and the index are the default's 256 documents: a report
+    more is refused unless the workspace raised the count."""
+    reports = {f"original/reports/r{i:03d}.json": report(f"r{i}", observations=[{"text": "seen"}]) for i in range(255)}
+    source = make_package(tmp_path / "pkg", files=reports, index=index(reports=sorted(reports)))
     ws = tmp_path / "ws"
     assert doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
-    assert doit("build", "case=c1", workspace=ws).returncode == 0
-    assert doit("reopen", "case=c1", "by=human:t", "reason=more", workspace=ws).returncode == 0
     extra = make_append(tmp_path / "more", files={"original/reports/b.json": report("b", observations=[{"text": "also"}])},
                         index=index(reports=["original/reports/b.json"]))
-    _write(ws, _limits(case_builder={"documents": 2}))  # a, b and the index make three
     before = tree_digest(ws)
     refused = doit("append", "case=c1", f"source={extra}", workspace=ws)
     assert refused.returncode != 0
-    assert refused.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: after this append the build would read 3 structured documents (limit 2)")
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("LIMIT_EXCEEDED: after this append the build would read 257 structured documents (limit 256)"), last
     assert tree_digest(ws) == before
-    _write(ws, _limits(case_builder={"documents": 3}))
-    assert doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    _write(ws, _limits(case_builder={"documents": 300}))
+    appended = doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
 
 
 def test_admission_applies_the_configured_admission_limits(tmp_path):
@@ -245,8 +292,11 @@ def test_a_refused_limits_file_stops_every_command_with_its_code(tmp_path):
     status = doit("status", "case=c1", workspace=ws)
     assert "limits: limits.json is refused" in status.stdout
     assert "validate_index: would fail: SCHEMA_VIOLATION" in status.stdout
-    admit = doit("admit", "case=c2", f"source={FIXTURES / 'sample'}", workspace=ws)
-    assert admit.stderr.strip().splitlines()[-1].startswith("SCHEMA_VIOLATION: ")
+    for command in (("admit", "case=c2", f"source={FIXTURES / 'sample'}"), ("reopen", "case=c1", "by=human:t", "reason=r"),
+                    ("export", "case=c1", f"dest={tmp_path / 'out'}"), ("probes", "case=c1")):
+        refused = doit(*command, workspace=ws)
+        assert refused.returncode != 0, command
+        assert refused.stderr.strip().splitlines()[-1].startswith("SCHEMA_VIOLATION: "), (command, refused.stderr)
 
 
 def test_the_python_api_takes_the_workspace_limits_unless_given_its_own(tmp_path):
@@ -255,14 +305,13 @@ def test_the_python_api_takes_the_workspace_limits_unless_given_its_own(tmp_path
     from pipeline.lifecycle import CheckpointStore
     from pipeline.workspace import Workspace
 
-    ws = _sample_case(tmp_path)
-    _write(ws, _limits(case_builder={"case_bytes": 1000}))
+    ws = _too_large_case(tmp_path)
+    _write(ws, _limits(case_builder={"case_bytes": 32 << 20, "summary_bytes": 32 << 20}))
     store = CheckpointStore(Workspace(ws))
     try:
         with pytest.raises(CaseBuildError) as caught:
-            CaseBuilder(store).build("c1")
+            CaseBuilder(store, CaseBuilderLimits()).build("c1")
         assert caught.value.code == "LIMIT_EXCEEDED"
-        result = CaseBuilder(store, CaseBuilderLimits()).build("c1")
-        assert result["status"] == "published"
+        assert CaseBuilder(store).build("c1")["status"] == "published"
     finally:
         store.close()
