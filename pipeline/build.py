@@ -25,7 +25,7 @@ from .errors import CaseBuildError, IntegrityError, VianoError, coded_io_error, 
 from .doitcli import file_version, remember_file_digest
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
-from .plan import check_limits, make_plan, step_id_for
+from .plan import check_limits, make_plan, raise_hint, step_id_for
 
 __all__ = [
     "CaseBuilder",
@@ -283,7 +283,8 @@ def document_readers(package, limits: CaseBuilderLimits, *, relaxed: bool = Fals
             return views[ref["sha256"]]
         limit = bound(ref["path"], manifest, limits.case_bytes)
         if ref["size"] > limit:
-            raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limit}", path=ref["path"])
+            raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {ref['size']} bytes, limit {limit}{raise_hint('case_bytes', limit)}",
+                                 path=ref["path"])
         record = cache.prior_view(ref["path"], ref["sha256"]) if cache is not None else None
         if record is not None and record.exists():
             # The view stands for these published bytes: they are still
@@ -956,8 +957,8 @@ def _prior_rereader(workspace_root, case_id: str, plan: dict):
 
 def _check_case_size(plan: dict, data: bytes) -> None:
     if len(data) > plan["limits"]["case_bytes"]:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']} "
-                                                f"(a workspace raises case_builder.case_bytes in its limits.json)", path=plan["outputs"]["case"])
+        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}"
+                                                f"{raise_hint('case_bytes', plan['limits']['case_bytes'])}", path=plan["outputs"]["case"])
 
 
 def _units(snapshot: dict) -> list[list[str]]:
@@ -1174,8 +1175,8 @@ def step_render(workspace_root, case_id) -> None:
                 except OSError:
                     pass  # only a head start for the next render
     if len(data) > plan["limits"]["summary_bytes"]:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']} "
-                                                f"(a workspace raises case_builder.summary_bytes in its limits.json)", path=plan["outputs"]["case_summary"])
+        raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}"
+                                                f"{raise_hint('summary_bytes', plan['limits']['summary_bytes'])}", path=plan["outputs"]["case_summary"])
     _write_output(cache, cache.summary, data)
     _leave_splice_state(cache, plan, case_bytes, data, splicing)
 

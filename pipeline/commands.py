@@ -188,7 +188,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
 
             refuse_source_holding(source_path, ws.root)
             staged = read_append_source(
-                source_path, configured.admission(), staging_dir=ws.staging_dir(), before_staging=only_a_repeat
+                source_path, _append_source_limits(configured), staging_dir=ws.staging_dir(), before_staging=only_a_repeat
             )
             try:
                 index_bytes = staged.index_bytes
@@ -383,6 +383,20 @@ def _check_prior_roles_kept(index: dict, package, manifest: dict, revision: int,
         for position, path in enumerate(listed):
             if prior_role.get(path, role) != role:
                 raise role_change_error(path, prior_role[path], role, "case-inputs.json", f"{prefix}/{position}")
+
+
+def _append_source_limits(configured):
+    """The admission limits for an append source. Its ``case-inputs.json`` is
+    an index, which the build holds to ``document_bytes``: a workspace that
+    raised that limit takes indexes that large without raising
+    ``manifest_bytes`` too (the index is read against its contract, within
+    ``document_bytes``, right after staging)."""
+    import dataclasses
+
+    admission = configured.admission()
+    if admission.manifest_bytes < configured.case_builder.document_bytes:
+        admission = dataclasses.replace(admission, manifest_bytes=configured.case_builder.document_bytes)
+    return admission
 
 
 def _check_the_build_would_fit(

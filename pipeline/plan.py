@@ -347,6 +347,16 @@ def plan_from_manifests(
     return plan
 
 
+def raise_hint(name: str, limit: int) -> str:
+    """Where a refused build's limit can be raised (a workspace's limits.json), or that it cannot."""
+    from .workspace_limits import ceiling
+
+    top = ceiling(name)
+    if limit >= top:
+        return f" (case_builder.{name} is at the most a workspace may set)"
+    return f" (a workspace's limits.json can raise case_builder.{name} up to {top})"
+
+
 def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
     """CaseBuilderLimits, from manifest sizes, before anything is parsed."""
     current = plan["index"]
@@ -359,7 +369,8 @@ def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
             raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
     prior = plan.get("prior_case")
     if prior is not None and prior["size"] > limits.case_bytes:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {prior['size']} bytes, limit {limits.case_bytes}", path=prior["path"])
+        raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {prior['size']} bytes, limit {limits.case_bytes}{raise_hint('case_bytes', limits.case_bytes)}",
+                             path=prior["path"])
 
 
 def check_aggregate_limits(plan: dict, limits: CaseBuilderLimits) -> None:
@@ -447,6 +458,14 @@ def make_plan(
     )
 
 
+#: How large an earlier index may be and still name what it listed. Fixed,
+#: not the document limit in force: what a revision inherits must not change
+#: when a workspace's limits.json raises that limit (or is removed again), or
+#: a confirmed revision would plan other inputs and need a reopen to be
+#: reused. The ceiling a workspace may raise ``document_bytes`` to.
+EARLIER_INDEX_BYTES = 2 * 1024 * 1024
+
+
 def _read_leniently(package, path: str, manifest: dict, limits: CaseBuilderLimits):
     """An earlier, superseded index, only to name what it listed. It may be the
     very index a correction replaced, so a malformed one is skipped, not fatal."""
@@ -456,9 +475,9 @@ def _read_leniently(package, path: str, manifest: dict, limits: CaseBuilderLimit
     from .reader import read_document
 
     try:
-        data = package.read_verified(path, limits.document_bytes, manifest=manifest)
+        data = package.read_verified(path, EARLIER_INDEX_BYTES, manifest=manifest)
         # Held to its contract like any index: one that fails it (wrong version,
         # wrong shapes) names nothing to inherit, exactly like an unreadable one.
-        return read_document(data, "case-inputs", path=path, max_bytes=limits.document_bytes)
+        return read_document(data, "case-inputs", path=path, max_bytes=EARLIER_INDEX_BYTES)
     except VianoError:
         return None

@@ -11,7 +11,8 @@ import os
 
 from .cache import BuildCache
 from .errors import VianoError
-from .plan import make_plan
+from .plan import check_limits, make_plan, step_id_for
+from .workspace_limits import PUBLISHED_CASE_CEILING, PUBLISHED_SUMMARY_CEILING
 
 __all__ = ["build_outlook"]
 
@@ -121,7 +122,16 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     except VianoError as error:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
-    read_index, read_prior_case = document_readers(package, limits)
+    # Planned as the build plans: a revision with a confirmed case is read
+    # at the sizes its manifest records and held to the limits only for new
+    # work, so limits lower than the ones it was built under (limits.json
+    # removed) do not make the outlook predict a failure the build won't have.
+    store = open_existing_store(ws, case_id, read_only=True)
+    try:
+        already_confirmed = store.confirmed(case_id, step_id_for(record.analysis_revision)) is not None
+    finally:
+        store.close()
+    read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed)
     # The build takes in generations the store has not recorded yet before
     # it plans; so does this outlook (without recording them).
     try:
@@ -129,7 +139,15 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     except VianoError:
         planned_generation = record.generation
     try:
-        plan = make_plan(package, planned_generation, limits, read_index=read_index, read_prior_case=read_prior_case)
+        plan = make_plan(package, planned_generation, limits, read_index=read_index, read_prior_case=read_prior_case,
+                         enforce_limits=False)
+        store = open_existing_store(ws, case_id, read_only=True)
+        try:
+            confirmed = store.confirmed(case_id, plan["step_id"])
+        finally:
+            store.close()
+        if confirmed is None:
+            check_limits(plan, limits)
     except VianoError as error:
         rows.append(("validate_index", f"would fail: {error}"))
         return rows
@@ -164,7 +182,9 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     # A failed build has planned these inputs already; the cached case is
     # current only if it was assembled from them, and the cached summary
     # only if it is that case's render.
-    case = _cached_case(cache, plan["limits"]["case_bytes"]) if cache.case_json.exists() else None
+    # Cache records are the builder's own: bounded by what any workspace may
+    # have built, not by the limits in force now.
+    case = _cached_case(cache, PUBLISHED_CASE_CEILING) if cache.case_json.exists() else None
     same_inputs = (
         cached_plan is not None
         and cached_plan.get("request_hash") == plan["request_hash"]
@@ -182,15 +202,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", "would run: no cached output"))
     elif not same_inputs:
         rows.append(("render", "would run: after assemble"))
-    elif not _rendered_from(case, cache, plan["limits"]["summary_bytes"]):
+    elif not _rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING):
         rows.append(("render", "would run: the cached summary is not the cached case's"))
     else:
         rows.append(("render", "up to date"))
-    store = open_existing_store(ws, case_id, read_only=True)
-    try:
-        confirmed = store.confirmed(case_id, plan["step_id"])
-    finally:
-        store.close()
     published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
     if published is not None:
         rows.append(("publish", f"up to date: generation {published} published this case; the next command confirms it (no new generation)"))

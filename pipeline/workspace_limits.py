@@ -38,6 +38,7 @@ __all__ = [
     "PUBLISHED_CASE_CEILING",
     "PUBLISHED_SUMMARY_CEILING",
     "WorkspaceLimits",
+    "ceiling",
     "read_workspace_limits",
     "workspace_limits_from",
 ]
@@ -77,6 +78,11 @@ _SECTIONS: dict[str, dict[str, Any]] = {
         "free_disk_reserve": (0, _MAX_SAFE_INTEGER),
     },
 }
+def ceiling(name: str) -> int:
+    """The most a workspace may raise case builder limit ``name`` to."""
+    return _SECTIONS["case_builder"][name][1]
+
+
 #: The largest case.json and summary any workspace may have published: what
 #: export and probes read a published output up to, whatever the limits now.
 PUBLISHED_CASE_CEILING = _SECTIONS["case_builder"]["case_bytes"][1]

@@ -209,7 +209,8 @@ def test_a_case_too_large_for_the_default_limit_builds_once_the_workspace_raises
     assert failed.returncode != 0
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("LIMIT_EXCEEDED: case.json would be "), last
-    assert "a workspace raises case_builder.case_bytes in its limits.json" in last
+    assert last.endswith("limit 8388608 (a workspace's limits.json can raise case_builder.case_bytes up to 67108864) "
+                         "(case/revisions/0001/case.json)"), last
     assert len(manifests(ws, "c1")) == 1  # nothing published
     assert "state: BUILDING_CASE" in doit("status", "case=c1", workspace=ws).stdout
 
@@ -224,6 +225,11 @@ def test_a_case_too_large_for_the_default_limit_builds_once_the_workspace_raises
     published = tree_digest(package_dir(ws, "c1"))
 
     (ws / LIMITS_FILE).unlink()
+    # Back at the defaults, which the confirmed case is over: status agrees
+    # with the build that nothing would run or fail.
+    status = doit("status", "case=c1", workspace=ws)
+    assert "would fail:" not in status.stdout and "would run:" not in status.stdout, status.stdout
+    assert "  assemble: up to date" in status.stdout
     again = doit("build", "case=c1", workspace=ws)
     assert again.returncode == 0, again.stderr
     assert "confirmed at generation 2" in again.stdout
@@ -315,3 +321,54 @@ def test_the_python_api_takes_the_workspace_limits_unless_given_its_own(tmp_path
         assert CaseBuilder(store).build("c1")["status"] == "published"
     finally:
         store.close()
+
+
+def test_what_a_revision_inherits_does_not_depend_on_the_limits(tmp_path):
+    """An earlier index over the default document limit (superseded by an
+    append before any build) names its inputs whatever the limits, so a
+    confirmed revision is reused after limits.json is removed again."""
+    padded = json.dumps(index(reports=["original/reports/a.json"])).encode()
+    padded = padded[:-1] + b" " * 1_500_000 + b"}"
+    source = make_package(tmp_path / "pkg", files={"original/reports/a.json": report("a", observations=[{"text": "seen"}]),
+                                                   "original/case-inputs.json": padded}, index=None)
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["artifacts"] = {"case_inputs": "original/case-inputs.json"}
+    (source / "manifest.json").write_text(json.dumps(manifest))
+    extra = make_append(tmp_path / "more", files={"appended/reports/b.json": report("b", observations=[{"text": "also"}])},
+                        index=index(reports=["appended/reports/b.json"]))
+    ws = tmp_path / "ws"
+    assert doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    _write(ws, _limits(case_builder={"document_bytes": 2 << 20}))
+    built = doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    case = json.loads((package_dir(ws, "c1") / "content/case/revisions/0001/case.json").read_text())
+    assert [ref["path"] for ref in case["inputs"]["reports"]] == ["original/reports/a.json", "appended/reports/b.json"]
+    (ws / LIMITS_FILE).unlink()
+    status = doit("status", "case=c1", workspace=ws)
+    assert "would fail:" not in status.stdout, status.stdout
+    again = doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "confirmed at generation 3" in again.stdout
+
+
+def test_an_append_takes_an_index_up_to_the_raised_document_limit(tmp_path):
+    ws = _sample_case(tmp_path)
+    padded = json.dumps(index(reports=["more/reports/b.json"])).encode()
+    padded = padded[:-1] + b" " * 1_500_000 + b"}"
+    extra = make_append(tmp_path / "more", files={"more/reports/b.json": report("b", observations=[{"text": "also"}])},
+                        index=index(reports=["more/reports/b.json"]))
+    (extra / "case-inputs.json").write_bytes(padded)
+    refused = doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert refused.stderr.strip().splitlines()[-1].startswith("LIMIT_EXCEEDED: "), refused.stderr
+    _write(ws, _limits(case_builder={"document_bytes": 2 << 20}))
+    appended = doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+
+
+def test_the_hint_says_how_far_a_limit_can_be_raised_and_when_it_cannot():
+    from pipeline.plan import raise_hint
+
+    assert raise_hint("case_bytes", 8 << 20) == " (a workspace's limits.json can raise case_builder.case_bytes up to 67108864)"
+    assert raise_hint("case_bytes", 64 << 20) == " (case_builder.case_bytes is at the most a workspace may set)"
+    assert raise_hint("summary_bytes", 16 << 20).endswith("summary_bytes up to 67108864)")
