@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any
 
 from .errors import VianoError
@@ -89,16 +89,26 @@ PUBLISHED_CASE_CEILING = _SECTIONS["case_builder"]["case_bytes"][1]
 PUBLISHED_SUMMARY_CEILING = _SECTIONS["case_builder"]["summary_bytes"][1]
 
 
-@dataclass(frozen=True)
 class WorkspaceLimits:
-    """The limits every command on one workspace applies."""
+    """The limits every command on one workspace applies.
 
-    case_builder: CaseBuilderLimits = field(default_factory=CaseBuilderLimits)
-    #: Only the admission limits the file sets: :meth:`admission` builds the
-    #: ZipLimits, so a build never imports the ZIP scanner for them.
-    admission_settings: tuple[tuple[str, Any], ...] = ()
-    #: Whether a ``limits.json`` set them (else every limit is its default).
-    configured: bool = False
+    A plain class, not a dataclass: every build imports this module, and
+    making a dataclass costs about a millisecond at import."""
+
+    __slots__ = ("case_builder", "admission_settings", "configured")
+
+    def __init__(
+        self,
+        case_builder: CaseBuilderLimits | None = None,
+        admission_settings: tuple[tuple[str, Any], ...] = (),
+        configured: bool = False,
+    ) -> None:
+        self.case_builder = case_builder if case_builder is not None else CaseBuilderLimits()
+        #: Only the admission limits the file sets: :meth:`admission` builds
+        #: the ZipLimits, so a build never imports the ZIP scanner for them.
+        self.admission_settings = admission_settings
+        #: Whether a ``limits.json`` set them (else every limit is its default).
+        self.configured = configured
 
     def admission(self):
         from .zipscan import ZipLimits
