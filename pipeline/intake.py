@@ -350,7 +350,7 @@ class _DirSource(_Source):
         """
         fd = self._open_file(relpath)
         try:
-            return _copy_large(fd, out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
+            return _pipelined_copy(fd, out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
         finally:
             os.close(fd)
 
@@ -596,56 +596,6 @@ def _pipelined_copy(
     return _pipelined_copy_from(lambda buffer: os.readv(in_fd, [buffer]), out_fd, label, limit, progress, total, ring)
 
 
-def _copy_large(
-    in_fd: int, out_fd: int, label: str, limit: int, progress: Progress | None, total: int, ring: list[mmap.mmap] | None = None
-) -> tuple[str, int]:
-    """Copy a large file of a directory source: its own pages mapped under a
-    read lease (:mod:`pipeline.leased_copy`) where the copy can be direct and
-    a lease can be had, the ring (:func:`_pipelined_copy`) otherwise and for
-    whatever is left after a lease began to break."""
-    from . import leased_copy
-
-    size = os.fstat(in_fd).st_size
-    if size < 2 * leased_copy.WINDOW or size > limit or _on_tmpfs(out_fd) or not leased_copy.take_read_lease(in_fd):
-        return _pipelined_copy(in_fd, out_fd, label, limit, progress, total, ring)
-    digest = hashlib.sha256()
-    direct = False
-    try:
-        # The size is the file's for as long as the lease holds: nobody can
-        # write to it or truncate it meanwhile.
-        size = os.fstat(in_fd).st_size
-        direct = size <= limit and _set_direct(out_fd, True)
-        if not direct:
-            leased_copy.release_lease(in_fd)
-            return _pipelined_copy(in_fd, out_fd, label, limit, progress, total, ring)
-        writer = _ChunkWriter(out_fd, True)
-        # A Ctrl-C is only recorded while windows are in flight, and raised
-        # between windows, so the writer and every mapping are always wound up.
-        with InterruptsWhileCopying(lambda _interrupt: None) as interrupts:
-            done = leased_copy.copy_mapped(
-                in_fd, size, writer, digest,
-                progress=(lambda copied: progress(label, copied, total)) if progress is not None else None,
-                interrupted=lambda: interrupts.pending,
-            )
-        interrupts.raise_pending()
-        if writer.direct:
-            _set_direct(out_fd, False)
-            direct = False
-    finally:
-        leased_copy.release_lease(in_fd)
-        if direct:
-            _set_direct(out_fd, False)
-    if done == size:
-        return digest.hexdigest(), size
-    # The lease began to break: someone is changing the file. The rest is
-    # copied as the ring copies any source, from where the mapping stopped.
-    os.lseek(in_fd, done, os.SEEK_SET)
-    os.lseek(out_fd, done, os.SEEK_SET)
-    return _pipelined_copy_from(
-        lambda buffer: os.readv(in_fd, [buffer]), out_fd, label, limit, progress, total, ring, digest=digest, copied=done
-    )
-
-
 def new_ring() -> list[mmap.mmap]:
     """The buffers of :func:`_pipelined_copy_from`: anonymous maps are
     page-aligned, as direct I/O needs. One ring serves every file of a
@@ -667,14 +617,8 @@ def _pipelined_copy_from(
     progress: Progress | None,
     total: int,
     ring: list[mmap.mmap] | None = None,
-    *,
-    digest=None,
-    copied: int = 0,
 ) -> tuple[str, int]:
     """Copy what ``read_into`` gives to ``out_fd`` hashing the written buffers; return (sha256 hex, bytes).
-
-    ``digest`` and ``copied`` continue a copy another path began: the hash of
-    its first ``copied`` bytes, already written (:func:`_copy_large`).
 
     ``read_into(buffer)`` fills the start of a buffer and returns how many
     bytes it holds, 0 at the end; it runs on the reader thread, so work it
@@ -716,7 +660,7 @@ def _pipelined_copy_from(
 
     def read() -> None:
         out = filled if direct else written
-        size = copied
+        size = 0
         try:
             while not stop.is_set():
                 index = free.get()
@@ -772,8 +716,8 @@ def _pipelined_copy_from(
             done.set()
             raise
 
-    digest = hashlib.sha256() if digest is None else digest
-    size = copied
+    digest = hashlib.sha256()
+    size = 0
 
     def stop_and_wait() -> None:
         stop.set()

@@ -138,17 +138,6 @@ def test_filesystem_detection_agrees_with_an_independent_probe(tmp_path):
         os.close(fd)
 
 
-@pytest.fixture(autouse=True)
-def ring_only(monkeypatch):
-    """These tests are about the ring: several change a source from this very
-    process while it is copied, which a read lease would make wait on itself
-    (for the kernel's lease-break time). The leased, mapped copy a directory
-    source's large files take where they can is tested in test_leased_copy.py."""
-    from pipeline import leased_copy
-
-    monkeypatch.setattr(leased_copy, "take_read_lease", lambda fd: False)
-
-
 @pytest.fixture
 def tmpfs_dir():
     if not os.path.isdir("/dev/shm") or _filesystem_type(Path("/dev/shm")) != "tmpfs":
