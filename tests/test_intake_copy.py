@@ -28,6 +28,7 @@ from pipeline import intake
 from pipeline.errors import VianoError
 
 MiB = 1 << 20
+RING_BYTES = intake._RING * intake._RING_CHUNK  # what the copy may have read ahead when it first reports
 PACKAGE_ID = "copy-pkg"
 REL = "original/context/dump.bin"
 QUIET = lambda *a: None  # noqa: E731
@@ -216,7 +217,8 @@ def test_file_shrinking_during_copy_records_what_was_stored(tmp_path, mode):
     """Truncated after the first chunk: the reader is at most a ring ahead, so it sees the new end."""
     data = _data(24 * MiB)
     src = _package(tmp_path, data)
-    cut = 10 * MiB + 77  # beyond what the ring can have read ahead, and not block-aligned
+    cut = RING_BYTES + 2 * MiB + 77  # beyond what the ring can have read ahead, and not block-aligned
+    assert cut < len(data)
 
     def shrink():
         os.truncate(src / REL, cut)
@@ -226,7 +228,7 @@ def test_file_shrinking_during_copy_records_what_was_stored(tmp_path, mode):
 
 
 def test_file_growing_during_copy_records_what_was_stored(tmp_path, mode):
-    data = _data(8 * MiB)
+    data = _data(RING_BYTES + 4 * MiB)  # more than the ring reads ahead before the first progress
     extra = _data(2 * MiB + 5, seed=8)
     src = _package(tmp_path, data)
 
@@ -239,7 +241,7 @@ def test_file_growing_during_copy_records_what_was_stored(tmp_path, mode):
 
 
 def test_file_growing_beyond_the_limit_during_copy_is_refused(tmp_path, mode):
-    data = _data(8 * MiB)
+    data = _data(RING_BYTES + 4 * MiB)
     src = _package(tmp_path, data)
     ws = mode
     intake.admit(ws, "other", _package(tmp_path / "other", b"x" * 10), progress=QUIET)
@@ -249,7 +251,7 @@ def test_file_growing_beyond_the_limit_during_copy_is_refused(tmp_path, mode):
         with open(src / REL, "ab") as f:
             f.write(_data(4 * MiB, seed=9))
 
-    limits = intake.ZipLimits(max_entry_bytes=10 * MiB)
+    limits = intake.ZipLimits(max_entry_bytes=len(data) + 2 * MiB)
     with pytest.raises(VianoError) as info:
         intake.admit(ws, "c1", src, limits=limits, progress=_on_first_progress(grow))
     assert info.value.code == "LIMIT_EXCEEDED", str(info.value)
