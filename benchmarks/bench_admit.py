@@ -16,9 +16,11 @@
     separately from the durable total. Right after each admission, the
     device's pace for new bytes is measured too: the same number of bytes
     written with ``O_DIRECT`` from memory into a new file (no read, no
-    hash), as the admission writes them; each round then shows what the
-    admission reached of the slower of that and its ``file_digest``, and
-    how many rounds the device itself wrote below 0.8 x ``file_digest``.
+    hash), once from sixteen 1 MiB buffers on small pages (the probe of
+    earlier sessions) and once from buffers of the admission's ring (2 MiB,
+    on huge pages); each round then shows what the admission reached of
+    the slower of the ring-buffer write and its ``file_digest``, and how
+    many rounds the device itself wrote below 0.8 x ``file_digest``.
 
     The write ceiling: admission has to copy durably *and* hash, so when no
     plain durable copy of the same file on the same filesystem reaches
@@ -231,7 +233,7 @@ def _admit_in_child(ws: Path, src: Path) -> dict:
     return json.loads(out)
 
 
-def _direct_write_mbps(root: Path, size_mib: int) -> float | None:
+def _direct_write_mbps(root: Path, size_mib: int, ring_buffers: bool = False) -> float | None:
     """The device's pace for new bytes, next to an admission: ``size_mib`` MiB
     from page-aligned buffers in memory written with ``O_DIRECT`` into a new
     file, then fsync (no source read, no hash). An admission writes new
@@ -240,15 +242,29 @@ def _direct_write_mbps(root: Path, size_mib: int) -> float | None:
     as the admission's do: one buffer written over and over measured up to
     1.7 x faster here (1.8-2.4 against 1.4-1.5 GB/s), a pace no copy of
     real data meets. None on tmpfs (which takes ``O_DIRECT`` but has no
-    device: the probe would time memory) and where direct writes fail."""
+    device: the probe would time memory) and where direct writes fail.
+
+    ``ring_buffers``: write from buffers of the admission's own kind
+    (``intake.new_ring``: 2 MiB each, on huge pages where the kernel gives
+    them) instead of sixteen 1 MiB buffers on small pages. Both are printed:
+    the small-page probe is the one earlier sessions recorded, and the two
+    side by side show what the buffers' pages alone change."""
     import mmap
 
     if _fs_type(root) == "tmpfs":
         return None
 
-    buffers = [mmap.mmap(-1, MiB) for _ in range(16)]
-    for buffer in buffers:
-        buffer.write(os.urandom(MiB))
+    if ring_buffers:
+        from pipeline import intake
+
+        buffers = intake.new_ring()
+        for buffer in buffers:
+            buffer[:] = os.urandom(len(buffer))
+    else:
+        buffers = [mmap.mmap(-1, MiB) for _ in range(16)]
+        for buffer in buffers:
+            buffer.write(os.urandom(MiB))
+    chunk = len(buffers[0])
     path = root / "direct-probe.bin"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_DIRECT", 0), 0o644)
@@ -256,7 +272,7 @@ def _direct_write_mbps(root: Path, size_mib: int) -> float | None:
         return None
     try:
         t = time.perf_counter()
-        for index in range(size_mib):
+        for index in range(size_mib * MiB // chunk):
             view = memoryview(buffers[index % len(buffers)])
             while view:
                 view = view[os.write(fd, view):]
@@ -270,9 +286,10 @@ def _direct_write_mbps(root: Path, size_mib: int) -> float | None:
     return size_mib / elapsed
 
 
-def _rounds(big: Path, src: Path, root: Path, rounds: int, tag: str) -> list[tuple[float, dict, float | None]]:
+def _rounds(big: Path, src: Path, root: Path, rounds: int, tag: str) -> list[tuple[float, dict, float | None, float | None]]:
     """Rounds of file_digest, then an admission of ``src`` right after it,
-    then the device's pace for new bytes (:func:`_direct_write_mbps`): each
+    then the device's pace for new bytes (:func:`_direct_write_mbps`, from
+    small-page buffers and from the ring's own): each
     admission is compared with the baseline measured next to it, and the
     median of the rounds is the verdict (one round alone swings by a few
     tenths here). Direct writes leave nothing in the page cache, so a round
@@ -287,7 +304,7 @@ def _rounds(big: Path, src: Path, root: Path, rounds: int, tag: str) -> list[tup
         base = _file_digest_mbps(big)
         ws = root / f"ws-{tag}-{round_no}"
         admitted = _admit_in_child(ws, src)
-        runs.append((base, admitted, _direct_write_mbps(root, size_mib)))
+        runs.append((base, admitted, _direct_write_mbps(root, size_mib), _direct_write_mbps(root, size_mib, ring_buffers=True)))
         if round_no < rounds - 1:
             shutil.rmtree(ws)
     return runs
@@ -295,15 +312,18 @@ def _rounds(big: Path, src: Path, root: Path, rounds: int, tag: str) -> list[tup
 
 def _pace_line(size_mib: int, runs) -> str:
     """Per round: the device's pace for new bytes and what the admission reached of the slower of it and file_digest."""
-    if any(write is None for _, _, write in runs):
+    if any(write is None or ring_write is None for _, _, write, ring_write in runs):
         return "    direct write alone          not measured (tmpfs, or direct writes failed here)"
-    writes = ", ".join(f"{write:.0f}" for _, _, write in runs)
-    reached = ", ".join(f"{size_mib / r['admit_s'] / min(base, write):.2f}" for base, r, write in runs)
-    below = sum(1 for base, _, write in runs if write < 0.8 * base)
+    writes = ", ".join(f"{write:.0f}" for _, _, write, _ in runs)
+    ring_writes = ", ".join(f"{ring_write:.0f}" for _, _, _, ring_write in runs)
+    reached = ", ".join(f"{size_mib / r['admit_s'] / min(base, ring_write):.2f}" for base, r, _, ring_write in runs)
+    below = sum(1 for base, _, write, _ in runs if write < 0.8 * base)
+    ring_below = sum(1 for base, _, _, ring_write in runs if ring_write < 0.8 * base)
     return (
-        f"    direct write alone          {writes} MB/s per round (new file, 1 MiB writes from 16 buffers in turn, fsync; right after each admission)\n"
-        f"    admission / the slower of file_digest and that write, per round: {reached}\n"
-        f"    rounds whose device wrote new bytes below 0.8 x file_digest: {below} of {len(runs)}"
+        f"    direct write alone          {writes} MB/s per round (new file, 1 MiB writes from 16 small-page buffers in turn, fsync; right after each admission)\n"
+        f"                                {ring_writes} MB/s per round from the ring's own buffers (2 MiB, huge pages; right after that)\n"
+        f"    admission / the slower of file_digest and the ring-buffer write, per round: {reached}\n"
+        f"    rounds whose device wrote new bytes below 0.8 x file_digest: {below} of {len(runs)} from small pages, {ring_below} of {len(runs)} from the ring's buffers"
     )
 
 
@@ -333,22 +353,22 @@ def bench_large(root: Path, size_mib: int, rounds: int = 3, zip_rounds: int = 3)
     # no warm memory but the ring's few buffers.
     runs = _rounds(big, src, root, rounds, "big")
     ws = root / f"ws-big-{rounds - 1}"
-    ratios = [size_mib / r["admit_s"] / base for base, r, _ in runs]
-    copy_ratios = [size_mib / r["copied_s"] / base for base, r, _ in runs if r["copied_s"]]
+    ratios = [size_mib / r["admit_s"] / base for base, r, *_ in runs]
+    copy_ratios = [size_mib / r["copied_s"] / base for base, r, *_ in runs if r["copied_s"]]
     base_after = _file_digest_mbps(big)
     # The verdict against the fastest file_digest of the run, the strictest
     # baseline it measured; the ratios per round are shown beside it.
-    best_digest = max([base for base, _, _ in runs] + [base_after])
+    best_digest = max([base for base, *_ in runs] + [base_after])
     fresh = _fresh_copies(big, root)  # the last admitted tree still holds its memory
     shutil.rmtree(ws)
     recycled = _recycled_copies(big, root)
-    baseline = statistics.median(base for base, _, _ in runs)
-    admit_mbps = statistics.median(size_mib / r["admit_s"] for _, r, _ in runs)
-    admit_seconds = [r["admit_s"] for _, r, _ in runs]
-    rss_mib = max(r["maxrss_kib"] for _, r, _ in runs) / 1024
+    baseline = statistics.median(base for base, *_ in runs)
+    admit_mbps = statistics.median(size_mib / r["admit_s"] for _, r, *_ in runs)
+    admit_seconds = [r["admit_s"] for _, r, *_ in runs]
+    rss_mib = max(r["maxrss_kib"] for _, r, *_ in runs) / 1024
     shown = lambda rate: "  failed" if rate is None else f"{rate:8.1f}"  # noqa: E731
     print(f"(a) {size_mib} MiB context file, directory source, workspace on {root.parent} ({_fs_type(root)})")
-    print(f"    hashlib.file_digest         {baseline:8.1f} MB/s median (page cache; per round {', '.join(f'{b:.0f}' for b, _, _ in runs)}; after {base_after:.0f})")
+    print(f"    hashlib.file_digest         {baseline:8.1f} MB/s median (page cache; per round {', '.join(f'{b:.0f}' for b, *_ in runs)}; after {base_after:.0f})")
     print(f"    admission, durable total    {admit_mbps:8.1f} MB/s median ({', '.join(f'{seconds:.2f}' for seconds in admit_seconds)} s)")
     print(f"    ratio: median admission / fastest file_digest of the run {admit_mbps / best_digest:.2f} (target >= 0.8);"
           f" to the file_digest of its round: {', '.join(f'{x:.2f}' for x in ratios)}")
@@ -385,14 +405,14 @@ def bench_large(root: Path, size_mib: int, rounds: int = 3, zip_rounds: int = 3)
         zipped = _rounds(big, archive, root, zip_rounds, "zip")
         shutil.rmtree(root / f"ws-zip-{zip_rounds - 1}")
         archive.unlink()
-        zip_ratios = [size_mib / r["admit_s"] / base for base, r, _ in zipped]
-        zip_verdict = statistics.median(size_mib / r["admit_s"] for _, r, _ in zipped) / max(base for base, _, _ in zipped)
+        zip_ratios = [size_mib / r["admit_s"] / base for base, r, *_ in zipped]
+        zip_verdict = statistics.median(size_mib / r["admit_s"] for _, r, *_ in zipped) / max(base for base, *_ in zipped)
         print(f"(a') the same package as a ZIP file, the {size_mib} MiB member stored (CRC-32 checked as well)")
-        zip_seconds = ", ".join(f"{r['admit_s']:.2f}" for _, r, _ in zipped)
+        zip_seconds = ", ".join(f"{r['admit_s']:.2f}" for _, r, *_ in zipped)
         print(f"    admission, durable total    {zip_seconds} s; median / fastest file_digest {zip_verdict:.2f};"
               f" to the file_digest of its round: {', '.join(f'{x:.2f}' for x in zip_ratios)}")
         print(_pace_line(size_mib, zipped))
-        print(f"    admission peak RSS          {max(r['maxrss_kib'] for _, r, _ in zipped) / 1024:8.1f} MiB, the largest of {len(zipped)}")
+        print(f"    admission peak RSS          {max(r['maxrss_kib'] for _, r, *_ in zipped) / 1024:8.1f} MiB, the largest of {len(zipped)}")
     shutil.rmtree(src)
 
 
