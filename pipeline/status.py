@@ -108,6 +108,19 @@ def _damaged_outputs(package, plan: dict) -> str | None:
     return None
 
 
+def _plan_as_written(package, plan: dict, confirmed) -> dict:
+    """The plan as the build's validate_index would write it: a revision
+    reused as confirmed also records the snapshot its case was built from."""
+    if confirmed is None or confirmed.request_hash != plan["request_hash"]:
+        return plan
+    from .build import _confirmed_snapshot_generation
+
+    try:
+        return {**plan, "snapshot_generation": _confirmed_snapshot_generation(package, plan)}
+    except VianoError:
+        return plan  # the publish row says what is wrong with the confirmed outputs
+
+
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .build import document_readers, open_existing_store
 
@@ -192,10 +205,17 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         and isinstance(case.get("case"), dict)
         and case["case"].get("request_hash") == plan["request_hash"]
     )
+    # assemble and publish depend on the plan file's bytes, which hold more
+    # than the inputs (the limits in force, among them): the same inputs
+    # under other limits run both again, though publish then reuses the
+    # confirmed case and assemble mostly makes the same one.
+    plan_changed = same_inputs and cached_plan != _plan_as_written(package, plan, confirmed)
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))
     elif not same_inputs:
         rows.append(("assemble", "would run: inputs changed since the last case was assembled"))
+    elif plan_changed:
+        rows.append(("assemble", "would run: same inputs, but the plan changed since the last build (other limits in force)"))
     else:
         rows.append(("assemble", "up to date"))
     if not cache.summary.exists():
@@ -204,6 +224,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", "would run: after assemble"))
     elif not _rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING):
         rows.append(("render", "would run: the cached summary is not the cached case's"))
+    elif plan_changed:
+        rows.append(("render", "up to date, unless assemble makes another case under the limits in force"))
     else:
         rows.append(("render", "up to date"))
     published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
@@ -215,6 +237,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         damaged = _damaged_outputs(package, plan)
         if damaged:
             rows.append(("publish", f"would fail: the confirmed {damaged} is missing or changed in the package content"))
+        elif plan_changed:
+            rows.append(("publish", f"would run: the plan changed; reuses {plan['step_id']}, confirmed for these inputs (no new generation)"))
         else:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:

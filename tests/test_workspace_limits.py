@@ -226,14 +226,20 @@ def test_a_case_too_large_for_the_default_limit_builds_once_the_workspace_raises
 
     (ws / LIMITS_FILE).unlink()
     # Back at the defaults, which the confirmed case is over: status agrees
-    # with the build that nothing would run or fail.
+    # with the build that nothing would fail, and that the plan (which holds
+    # the limits in force) changed, so assemble and publish run again and
+    # publish reuses the confirmed case.
     status = doit("status", "case=c1", workspace=ws)
-    assert "would fail:" not in status.stdout and "would run:" not in status.stdout, status.stdout
-    assert "  assemble: up to date" in status.stdout
+    assert "would fail:" not in status.stdout, status.stdout
+    assert "  assemble: would run: same inputs, but the plan changed" in status.stdout, status.stdout
+    assert "  publish: would run: the plan changed; reuses case-build/v1/r1" in status.stdout, status.stdout
     again = doit("build", "case=c1", workspace=ws)
     assert again.returncode == 0, again.stderr
     assert "confirmed at generation 2" in again.stdout
+    assert ".  assemble\n" in again.stderr and ".  publish\n" in again.stderr, again.stderr
     assert tree_digest(package_dir(ws, "c1")) == published
+    status = doit("status", "case=c1", workspace=ws)
+    assert "would fail:" not in status.stdout and "would run:" not in status.stdout, status.stdout
     exported = doit("export", "case=c1", f"dest={tmp_path / 'out'}", workspace=ws)
     assert exported.returncode == 0, exported.stderr
     assert (tmp_path / "out" / "case.json").read_bytes() == case_json.read_bytes()
@@ -372,3 +378,28 @@ def test_the_hint_says_how_far_a_limit_can_be_raised_and_when_it_cannot():
     assert raise_hint("case_bytes", 8 << 20) == " (a workspace's limits.json can raise case_builder.case_bytes up to 67108864)"
     assert raise_hint("case_bytes", 64 << 20) == " (case_builder.case_bytes is at the most a workspace may set)"
     assert raise_hint("summary_bytes", 16 << 20).endswith("summary_bytes up to 67108864)")
+
+
+def test_status_foretells_what_a_build_runs_after_the_limits_change_on_a_confirmed_revision(tmp_path):
+    """Other limits in force change the plan assemble and publish depend on,
+    not the inputs: status says both run, and that publish reuses the
+    confirmed case; the build runs just those (no new generation), and then
+    status and a further build agree nothing runs."""
+    ws = _sample_case(tmp_path)
+    assert doit("build", "case=c1", workspace=ws).returncode == 0
+    published = tree_digest(package_dir(ws, "c1"))
+    _write(ws, _limits(case_builder={"inline_fact_value": 64 << 10}))
+    outlook = doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: would run: same inputs, but the plan changed since the last build (other limits in force)\n" in outlook, outlook
+    assert "  render: up to date, unless assemble makes another case under the limits in force\n" in outlook, outlook
+    assert "  publish: would run: the plan changed; reuses case-build/v1/r1, confirmed for these inputs (no new generation)\n" in outlook
+    built = doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    ran = {line[3:] for line in built.stderr.splitlines() if line.startswith(".  ")}
+    assert {"assemble", "publish"} <= ran and "render" not in ran, built.stderr
+    assert tree_digest(package_dir(ws, "c1")) == published  # reused: no new generation
+    outlook = doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: up to date\n  render: up to date\n" in outlook, outlook
+    assert "  publish: up to date: case-build/v1/r1 confirmed for these inputs" in outlook, outlook
+    again = doit("build", "case=c1", workspace=ws)
+    assert not {"assemble", "render", "publish"} & {line[3:] for line in again.stderr.splitlines() if line.startswith(".  ")}, again.stderr
