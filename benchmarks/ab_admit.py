@@ -17,20 +17,18 @@ stored manifests).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import ab_trees  # noqa: E402
 import bench_admit  # noqa: E402  (the package, the child and file_digest)
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -51,17 +49,12 @@ def stored_files(ws: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="git ref of the version to compare with the working tree")
+    parser = ab_trees.parser(__doc__)
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dir", default="/work", help="where to create the temporary directory (default /work)")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="viano-ab-admit-", dir=args.dir))
-    old_tree = root / "base-tree"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old_tree), args.base], check=True)
-    trees = {"base": old_tree, "current": REPO}
-    try:
+    with ab_trees.base_and_current(args.base, "viano-ab-admit-", args.dir) as (root, trees):
         src = bench_admit._big_package(root, args.size_mib)
         big = src / "original" / "context" / "dump.bin"
         bench_admit._file_digest_mbps(big)  # warms the page cache
@@ -87,9 +80,6 @@ def main() -> None:
         print(f"same files, sizes and SHA-256 recorded by both versions: {same}")
         if not same:
             sys.exit("the versions recorded different content")
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)], check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

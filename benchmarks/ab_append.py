@@ -24,7 +24,6 @@ the times here but shows in the counts.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import resource
@@ -32,14 +31,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import ab_trees  # noqa: E402
 import bench_build  # noqa: E402  (the package and the keep-aside copy)
 
 DOIT = str(Path(sys.executable).parent / "doit")
@@ -62,17 +60,12 @@ def run(tree: Path, *args: str, prefix: tuple[str, ...] = ()) -> tuple[float, su
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="git ref of the version to compare with the working tree")
+    parser = ab_trees.parser(__doc__)
     parser.add_argument("--context-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--callgrind", action="store_true", help="also count one rebuild's instructions under valgrind")
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="viano-ab-"))
-    old_tree = base / "base-tree"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old_tree), args.base], check=True)
-    trees = {"base": old_tree, "current": REPO}
-    try:
+    with ab_trees.base_and_current(args.base, "viano-ab-") as (base, trees):
         source = base / "source"
         bench_build.make_package(source, args.context_mib)
         extra = base / "append"
@@ -136,9 +129,6 @@ def main() -> None:
         if differ:
             # A speed-up that changes the output is not the same builder.
             sys.exit(f"the versions published different {', '.join(differ)}")
-    finally:
-        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)], check=False)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
