@@ -307,15 +307,21 @@ def case_lock_held_elsewhere(workspace: Workspace, case_id: str) -> bool:
     any this call opens (a build, append, reopen or admission running in
     another process). A look that takes nothing: a shared ``flock`` tried
     without waiting and let go at once; a missing or unreadable lock file is
-    "no"."""
+    "no". A symlink on the way is ``REFERENCE_UNSAFE``, as for every command
+    that takes the lock; a lock file that is not a regular file (a FIFO
+    planted there) is opened without waiting for a writer and is "no"."""
     with _held_guard:
         if _lock_key(workspace, case_id) in _held:
             return False  # this process's own (``doit build status``): not another command's
+    path = workspace.lock_path(case_id)
+    refuse_symlinks(workspace, f".locks/{path.name}")
     try:
-        fd = os.open(workspace.lock_path(case_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True

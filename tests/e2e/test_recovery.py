@@ -1494,6 +1494,28 @@ def test_status_says_when_another_command_holds_the_case_lock(tmp_path):
     assert "lock: held now" not in kit.doit("status", "case=c1", workspace=ws).stdout
 
 
+def test_status_does_not_wait_on_a_fifo_planted_as_the_lock_file(tmp_path):
+    """status only looks at the lock: a FIFO there (nothing writes to it)
+    must not hold it up waiting for a writer."""
+    ws = _admitted(tmp_path)
+    lock = ws / ".locks" / "c1.lock"
+    lock.unlink()
+    os.mkfifo(lock)
+    result = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "status", "case=c1", f"workspace={ws}"],
+                            capture_output=True, text=True, env=doit_env(), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "state: VALIDATED" in result.stdout and "lock: held now" not in result.stdout
+
+
+def test_status_refuses_a_symlinked_locks_directory_as_every_command_does(tmp_path):
+    ws = _admitted(tmp_path)
+    (ws / ".locks").rename(tmp_path / "locks-elsewhere")
+    (ws / ".locks").symlink_to(tmp_path / "locks-elsewhere")
+    for command in ("status", "build"):
+        line = _one_line_error(kit.doit(command, "case=c1", workspace=ws), "REFERENCE_UNSAFE")
+        assert line.endswith("(.locks)"), line
+
+
 @pytest.mark.parametrize("option", [["-n", "2"], ["--proc=2"], ["-n2"]])
 def test_build_steps_in_worker_processes_are_refused_at_once(tmp_path, option):
     # doit's process workers run steps in forked children, which do not hold
