@@ -60,7 +60,7 @@ from typing import Callable, Iterator
 
 from .buffers import HUGE_PAGE, direct_io_buffers
 from .interrupts import InterruptsWhileCopying, despite_interrupts
-from .errors import AdmissionError, VianoError, coded_io_error
+from .errors import AdmissionError, VianoError, coded_io_error, one_line
 from .faults import crashpoint
 from .jsoncanon import pretty_bytes, read_fd_at_most
 from .lifecycle import CheckpointStore
@@ -1148,7 +1148,12 @@ def _read_contract(data, contract: str, path: str, max_bytes: int) -> dict:
 
 def _read_source_manifest(source: _Source, limits: ZipLimits) -> dict:
     if SOURCE_MANIFEST not in source.files:
-        raise AdmissionError("MANIFEST_MISSING", "the package has no manifest.json at its root", path=source.label)
+        message = "the package has no manifest.json at its root"
+        nested = sorted(path for path in source.files if path.count("/") == 1 and path.endswith("/" + SOURCE_MANIFEST))
+        if len(nested) == 1:
+            # The usual slip: the package's folder zipped (or given) instead of its contents.
+            message += f"; one is at {one_line(nested[0], 200)}: give that folder's contents as the package"
+        raise AdmissionError("MANIFEST_MISSING", message, path=source.label)
     data = source.read_small(SOURCE_MANIFEST, limits.manifest_bytes)
     try:
         doc = _read_contract(data, "package-source", SOURCE_MANIFEST, limits.manifest_bytes)

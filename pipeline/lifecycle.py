@@ -165,18 +165,19 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _db_error(exc: sqlite3.Error, what: str) -> VianoError:
+def _db_error(exc: sqlite3.Error, what: str, path: str) -> VianoError:
     """Map a sqlite3 failure to a stable code: busy -> LOCK_TIMEOUT, I/O -> IO_ERROR,
     interrupted -> INTERRUPTED (a host program's ``Connection.interrupt``: the
-    transaction rolled back, nothing is corrupt), else INTEGRITY_ERROR."""
+    transaction rolled back, nothing is corrupt), else INTEGRITY_ERROR.
+    ``path`` names the store file (sqlite3's own messages name none)."""
     name = getattr(exc, "sqlite_errorname", "") or ""
     if name == "SQLITE_INTERRUPT":
-        return LifecycleError("INTERRUPTED", f"checkpoint store interrupted while {what}; nothing was recorded")
+        return LifecycleError("INTERRUPTED", f"checkpoint store interrupted while {what}; nothing was recorded", path=path)
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        return LifecycleError("LOCK_TIMEOUT", f"checkpoint store busy while {what}: {exc}")
+        return LifecycleError("LOCK_TIMEOUT", f"checkpoint store busy while {what}: {exc}", path=path)
     if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
-        return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}")
-    return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}")
+        return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}", path=path)
+    return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}", path=path)
 
 
 def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
@@ -276,7 +277,7 @@ class CheckpointStore:
             else:
                 conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
-            raise _db_error(exc, "opening") from None
+            raise _db_error(exc, "opening", path.name) from None
         self._conn = conn
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
@@ -293,7 +294,7 @@ class CheckpointStore:
                 self._ensure_schema()
         except sqlite3.Error as exc:
             conn.close()
-            raise _db_error(exc, "opening") from None
+            raise _db_error(exc, "opening", path.name) from None
         except BaseException:
             conn.close()
             raise
@@ -357,7 +358,7 @@ class CheckpointStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise _db_error(exc, what) from None
+            raise _db_error(exc, what, self.workspace.store_path.name) from None
         try:
             result = body(conn)
         except BaseException as exc:
@@ -366,7 +367,7 @@ class CheckpointStore:
             except sqlite3.Error:
                 pass
             if isinstance(exc, sqlite3.Error):
-                raise _db_error(exc, what) from None
+                raise _db_error(exc, what, self.workspace.store_path.name) from None
             raise
         try:
             conn.execute("COMMIT")
@@ -375,14 +376,14 @@ class CheckpointStore:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            raise _db_error(exc, what) from None
+            raise _db_error(exc, what, self.workspace.store_path.name) from None
         return result
 
     def _read(self, sql: str, args: tuple, what: str) -> list[tuple]:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise _db_error(exc, what) from None
+            raise _db_error(exc, what, self.workspace.store_path.name) from None
 
     # ---------------------------------------------------------------- decoding rows
 
@@ -493,7 +494,7 @@ class CheckpointStore:
         try:
             return self._confirmed(self._conn, case_id, step_id)
         except sqlite3.Error as exc:
-            raise _db_error(exc, "reading checkpoints") from None
+            raise _db_error(exc, "reading checkpoints", self.workspace.store_path.name) from None
 
     def advance(
         self,

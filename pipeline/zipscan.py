@@ -379,6 +379,9 @@ class ZipArchive:
         if eocd_pos is None:
             if seen_signature:
                 raise _invalid("data after the end of the archive, or a truncated archive")
+            if _pread_exact(self.fd, len(_LOCAL_SIG), 0, "the first header") == _LOCAL_SIG:
+                # Starts as a ZIP does: an interrupted download or copy, most likely.
+                raise _invalid("a truncated ZIP archive (it starts like one but has no end-of-central-directory record)")
             raise _invalid("not a ZIP archive (no end-of-central-directory record)")
         (_, disk, cd_disk, n_disk, n_total, cd_size, cd_offset, _) = _EOCD.unpack_from(
             tail, eocd_pos - base

@@ -257,6 +257,28 @@ def test_hostile_directory_source(populated, tmp_path, make, code):
     assert_refused(populated, "hostile", src, code)
 
 
+@pytest.mark.parametrize("kind", ["zip", "directory"])
+def test_a_package_given_as_its_folder_says_where_the_manifest_is(tmp_path, kind):
+    """The usual slip: the package's folder zipped instead of its contents."""
+    inner = _dir_package(tmp_path / "made")
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    shutil.copytree(inner, outer / "sample")
+    if kind == "zip":
+        source = tmp_path / "nested.zip"
+        with zipfile.ZipFile(source, "w") as archive:
+            for path in sorted((outer / "sample").rglob("*")):
+                if path.is_file():
+                    archive.write(path, path.relative_to(outer).as_posix())
+    else:
+        source = outer
+    with pytest.raises(VianoError) as info:
+        admit(tmp_path / "ws", "n1", source)
+    assert info.value.code == "MANIFEST_MISSING"
+    assert "one is at sample/manifest.json: give that folder's contents as the package" in str(info.value), str(info.value)
+    assert not (tmp_path / "ws" / "cases" / "n1").exists()
+
+
 def test_directory_source_is_admitted(tmp_path):
     src = _dir_package(tmp_path)
     manifest = admit(tmp_path / "ws", "d1", src)

@@ -278,6 +278,22 @@ def test_stored_entry_with_differing_sizes_is_invalid(tmp_path):
     assert _code(exc) == "ZIP_INVALID"
 
 
+@pytest.mark.parametrize("keep", [30, 400, 0.5])
+def test_a_cut_archive_is_called_truncated_and_other_bytes_not_a_zip(tmp_path, keep):
+    """A ZIP cut short (an interrupted download) loses its end record; its
+    start still says ZIP, so the message says truncated, not "not a ZIP"."""
+    whole = _zip({f"m{i}.txt": os.urandom(2000) for i in range(8)})
+    cut = whole[: int(len(whole) * keep) if isinstance(keep, float) else keep]
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, cut)
+    assert _code(exc) == "ZIP_INVALID"
+    assert "a truncated ZIP archive" in str(exc.value), str(exc.value)
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, b"%PDF-1.7" + os.urandom(5000))
+    assert _code(exc) == "ZIP_INVALID"
+    assert "not a ZIP archive (no end-of-central-directory record)" in str(exc.value)
+
+
 def test_truncated_deflate_stream(tmp_path):
     content = os.urandom(5000)
     raw = zlib.compressobj(6, zlib.DEFLATED, -15)

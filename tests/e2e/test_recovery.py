@@ -1229,8 +1229,21 @@ def test_export_from_a_read_only_workspace(tmp_path):
     assert kit.tree_digest(ws) == before
 
 
+@pytest.mark.parametrize(("command", "names"), [(("reopen", "by=human:a", "reason=r"), "(checkpoints.sqlite3)"),
+                                                (("build",), "/.locks/c1.lock)")])
+def test_a_writing_command_on_a_read_only_workspace_names_the_file_it_cannot_write(tmp_path, command, names):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(f"mount --bind -o ro {shlex.quote(str(ws))} {shlex.quote(str(ws))} && "
+                                 + _doit_line(*command, "case=c1", workspace=ws))
+    line = _one_line_error(result, "IO_ERROR")
+    assert line.endswith(names), line
+    assert kit.tree_digest(ws) == before
+
+
 @pytest.mark.parametrize("output", ["case.json", "case_summary.md", "case-built.json"])
-@pytest.mark.parametrize("damage", ["one byte flipped", "truncated"])
+@pytest.mark.parametrize("damage", ["one byte flipped", "truncated", "appended to"])
 def test_a_no_op_build_checks_the_published_outputs_and_names_their_damage(tmp_path, output, damage):
     # Seed 001: repeats check the case contract and summary before they reuse
     # them. A published output changed in place (same size or not) must not be
@@ -1241,6 +1254,8 @@ def test_a_no_op_build_checks_the_published_outputs_and_names_their_damage(tmp_p
     data = bytearray(target.read_bytes())
     if damage == "truncated":
         del data[-1]
+    elif damage == "appended to":
+        data += b"\n"
     else:
         data[len(data) // 2] ^= 0x01
     target.chmod(0o644)
@@ -1248,12 +1263,15 @@ def test_a_no_op_build_checks_the_published_outputs_and_names_their_damage(tmp_p
     before = kit.tree_digest(ws)
     status = kit.doit("status", "case=c1", workspace=ws)
     assert f"publish: would fail: the confirmed case/revisions/0001/{output} is missing or changed" in status.stdout
-    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
-    assert line.endswith(f"(case/revisions/0001/{output})")
+    # One message whatever the damage (a grown file read as "more than N bytes" misled).
+    said = f"INTEGRITY_ERROR: content does not match the manifest's size and SHA-256 (case/revisions/0001/{output})"
+    assert _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR") == said
     assert kit.tree_digest(ws) == before
     shutil.rmtree(ws / ".cache" / "c1")  # the cache-less build says the same
-    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
-    assert line.endswith(f"(case/revisions/0001/{output})")
+    assert _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR") == said
+    if output != "case-built.json":  # (export copies the case and the summary, not the checkpoint artifact)
+        exported = kit.doit("export", "case=c1", f"dest={tmp_path / 'out'}", workspace=ws)
+        assert _one_line_error(exported, "INTEGRITY_ERROR") == said
 
 
 def test_a_no_op_build_still_reuses_outputs_only_touched(tmp_path):
