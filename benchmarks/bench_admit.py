@@ -272,8 +272,9 @@ def _direct_write_mbps(root: Path, size_mib: int, ring_buffers: bool = False) ->
         return None
     try:
         t = time.perf_counter()
-        for index in range(size_mib * MiB // chunk):
-            view = memoryview(buffers[index % len(buffers)])
+        for index in range(-(-size_mib * MiB // chunk)):
+            # Every byte the admission wrote: the last write is short for an odd --size-mib.
+            view = memoryview(buffers[index % len(buffers)])[: size_mib * MiB - index * chunk]
             while view:
                 view = view[os.write(fd, view):]
         os.fsync(fd)

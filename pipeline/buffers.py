@@ -34,8 +34,8 @@ def _address(region: mmap.mmap) -> int:
 
 
 def direct_io_buffers(count: int, size: int) -> list[memoryview]:
-    """``count`` writable buffers of ``size`` bytes, each starting on a page
-    boundary, as direct I/O needs; where ``size`` is a multiple of
+    """``count`` writable buffers of ``size`` bytes (a whole number of pages),
+    each starting on a page boundary, as direct I/O needs; where ``size`` is a multiple of
     :data:`HUGE_PAGE`, on a huge-page boundary too, in a mapping that asks for
     huge pages (``MADV_HUGEPAGE``). The kernel gives small pages where it has
     no huge page to give, where transparent huge pages are off, or on a
@@ -48,8 +48,8 @@ def direct_io_buffers(count: int, size: int) -> list[memoryview]:
     need, never touched, so it costs no memory. The views keep the map alive;
     it goes with the last of them.
     """
-    if count < 1 or size < 1:
-        raise ValueError("direct_io_buffers needs at least one buffer of at least one byte")
+    if count < 1 or size < 1 or size % mmap.PAGESIZE:
+        raise ValueError(f"direct_io_buffers needs at least one buffer, of a whole number of {mmap.PAGESIZE}-byte pages")
     align = HUGE_PAGE if size % HUGE_PAGE == 0 else mmap.PAGESIZE
     span = count * size
     region = mmap.mmap(-1, span + align, flags=mmap.MAP_PRIVATE)

@@ -693,12 +693,15 @@ def cmd_status(case=None, workspace=None) -> None:
         store.close()
     package = Package(ws, case_id, record.package_id)
     manifest = package.manifest(record.generation)
+    # Looked at before the first line: a refusal (a symlinked .locks) must
+    # not leave a partial report on stdout.
+    held_elsewhere = case_lock_held_elsewhere(ws, case_id)
     _out(f"case: {case_id}")
     _out(f"package: {record.package_id}")
     # Where the artifact paths below are (they are relative to it).
     _out(f"content: {one_line(os.fspath(package.content_dir), 600)}")
     _out(f"state: {record.state}")
-    if case_lock_held_elsewhere(ws, case_id):
+    if held_elsewhere:
         _out("lock: held now by another command (a build, append, reopen or admission is running); "
              "what follows may change when it ends")
     if record.blocked:

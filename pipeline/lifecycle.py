@@ -287,7 +287,10 @@ class CheckpointStore:
                 conn.execute("PRAGMA foreign_keys = ON")
             problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
             if problems != ["ok"]:
-                raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {problems[:3]}")
+                # sqlite3's own findings on one line (not a list's repr, which
+                # the printer would escape a second time).
+                found = "; ".join(" ".join(str(problem).split()) for problem in problems[:3])
+                raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {found}", path=path.name)
             if read_only:
                 self._check_schema()
             else:

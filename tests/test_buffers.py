@@ -59,6 +59,8 @@ def test_bad_shapes_are_refused():
         direct_io_buffers(0, HUGE_PAGE)
     with pytest.raises(ValueError):
         direct_io_buffers(1, 0)
+    with pytest.raises(ValueError):  # a stride of 1000 would start the second buffer off a page
+        direct_io_buffers(3, 1000)
 
 
 @pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="this kernel gives no transparent huge pages")

@@ -379,6 +379,26 @@ def test_truncated_store_is_integrity_error(tmp_path):
     assert info.value.code == "INTEGRITY_ERROR"
 
 
+def test_a_store_failing_its_integrity_check_is_named_on_one_line(tmp_path):
+    """A page overwritten inside the store: quick_check's findings, on one
+    line (no list repr escaped twice), naming the store file."""
+    ws = Workspace(tmp_path)
+    with CheckpointStore(ws) as s:
+        for i in range(120):
+            s.admit(f"c{i}", "p" * 100, 1)
+    data = bytearray(ws.store_path.read_bytes())
+    page = 4096
+    assert len(data) > 4 * page
+    data[2 * page + 100 : 3 * page] = b"\xff" * (page - 100)  # inside a table page, past its header
+    ws.store_path.write_bytes(bytes(data))
+    with pytest.raises(VianoError) as info:
+        with CheckpointStore(ws) as s:
+            s.case_ids()
+    assert info.value.code == "INTEGRITY_ERROR"
+    assert info.value.path == "checkpoints.sqlite3"
+    assert "['" not in str(info.value) and "\\" not in str(info.value), str(info.value)
+
+
 def test_foreign_sqlite_file_is_integrity_error(tmp_path):
     ws = Workspace(tmp_path)
     conn = sqlite3.connect(ws.store_path)

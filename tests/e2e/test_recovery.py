@@ -1530,8 +1530,10 @@ def test_status_refuses_a_symlinked_locks_directory_as_every_command_does(tmp_pa
     (ws / ".locks").rename(tmp_path / "locks-elsewhere")
     (ws / ".locks").symlink_to(tmp_path / "locks-elsewhere")
     for command in ("status", "build"):
-        line = _one_line_error(kit.doit(command, "case=c1", workspace=ws), "REFERENCE_UNSAFE")
+        result = kit.doit(command, "case=c1", workspace=ws)
+        line = _one_line_error(result, "REFERENCE_UNSAFE")
         assert line.endswith("(.locks)"), line
+        assert result.stdout == "", result.stdout  # no partial report before the refusal
 
 
 @pytest.mark.parametrize("option", [["-n", "2"], ["--proc=2"], ["-n2"]])
