@@ -20,10 +20,9 @@ report_interrupts_on_one_line()
 from doit import create_after, get_var  # noqa: E402
 from doit.tools import config_changed  # noqa: E402
 
-from pipeline import BUILDER_VERSION  # noqa: E402
 from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case  # noqa: E402
 from pipeline.cache import BuildCache  # noqa: E402
-from pipeline.doitcli import code_version, doit_config, guarded, subtask_name  # noqa: E402
+from pipeline.doitcli import chain_stamp, doit_config, guarded, subtask_name  # noqa: E402
 from pipeline.errors import VianoError  # noqa: E402
 from pipeline.limits import CaseBuilderLimits  # noqa: E402
 from pipeline.workspace import Workspace, validate_id  # noqa: E402
@@ -117,7 +116,7 @@ def _pipeline():
             yield {"basename": basename, "doc": doc, **_unusable_variables()}
         return
     root, case_id, cache = context
-    stamp = config_changed({"code": code_version(), "builder": BUILDER_VERSION})
+    stamp = config_changed(chain_stamp())
     yield {
         "basename": "validate_index",
         "doc": _CHAIN_DOCS["validate_index"],

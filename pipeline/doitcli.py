@@ -188,6 +188,15 @@ def guarded(target: str, *args, **kwargs):
 
 
 @functools.cache
+def chain_stamp() -> dict:
+    """What assemble and render are stamped with (``config_changed`` in the
+    dodo file): a new builder rebuilds. ``doit status`` compares it with the
+    stamp doit recorded when they last ran."""
+    from . import BUILDER_VERSION
+
+    return {"code": code_version(), "builder": BUILDER_VERSION}
+
+
 def code_version() -> str:
     """sha256 over the builder's own code and contracts, and the Unicode
     version of this Python (escaping, name checks and folding follow its

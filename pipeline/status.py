@@ -11,6 +11,7 @@ import os
 
 from .cache import BuildCache
 from .errors import VianoError
+from .jsoncanon import encode_sorted
 from .plan import check_limits, make_plan, step_id_for
 from .workspace_limits import PUBLISHED_CASE_CEILING, PUBLISHED_SUMMARY_CEILING
 
@@ -108,10 +109,12 @@ def _damaged_outputs(package, plan: dict) -> str | None:
     return None
 
 
-def _plan_as_written(package, plan: dict, confirmed) -> dict:
+def _plan_as_written(package, plan: dict, reused: bool) -> dict:
     """The plan as the build's validate_index would write it: a revision
-    reused as confirmed also records the snapshot its case was built from."""
-    if confirmed is None or confirmed.request_hash != plan["request_hash"]:
+    whose case is reused (confirmed, or published and confirmed by the
+    build's roll-forward first) also records the snapshot its case was built
+    from."""
+    if not reused:
         return plan
     from .build import _confirmed_snapshot_generation
 
@@ -119,6 +122,78 @@ def _plan_as_written(package, plan: dict, confirmed) -> dict:
         return {**plan, "snapshot_generation": _confirmed_snapshot_generation(package, plan)}
     except VianoError:
         return plan  # the publish row says what is wrong with the confirmed outputs
+
+
+_RECORD_BYTES = 1 << 20  # a task's record is a few hundred bytes; anything larger is not doit's
+
+
+def _doit_records(cache: BuildCache, tasks: tuple[str, ...]) -> dict[str, dict] | None:
+    """What doit recorded for ``tasks`` when each last ran to the end of a
+    build (its dependency file, opened read-only): the stamp and the size and
+    SHA-256 of each file it depended on, which is what doit compares to
+    decide whether the task runs again. ``{}`` where there is no file yet;
+    None where it cannot be read (locked by a build that is saving it, on a
+    read-only filesystem with a journal to replay, not doit's): the outlook
+    then judges by the cached files alone."""
+    import json
+    import sqlite3
+
+    path = cache.dep_file
+    try:
+        if not path.is_file():
+            return {}
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=0.5)
+    except (OSError, sqlite3.Error):
+        return None
+    try:
+        marks = ", ".join("?" for _ in tasks)
+        rows = conn.execute(f"SELECT task_id, task_data FROM doit WHERE task_id IN ({marks})", tasks).fetchall()
+        records = {}
+        for task_id, data in rows:
+            if not isinstance(data, (str, bytes)) or len(data) > _RECORD_BYTES:
+                return None
+            record = json.loads(data)
+            if not isinstance(record, dict):
+                return None
+            records[task_id] = record
+        return records
+    except (sqlite3.Error, ValueError):
+        return None
+    finally:
+        conn.close()
+
+
+def _file_state(data: bytes) -> list:
+    """A file's state as the content-hash checker records it: [size, sha256]."""
+    import hashlib
+
+    return [len(data), hashlib.sha256(data).hexdigest()]
+
+
+def _current_stamp() -> str | None:
+    """The digest doit's ``config_changed`` makes of the chain's stamp now,
+    or None where this doit computes it some other way."""
+    from doit.tools import config_changed
+
+    from .doitcli import chain_stamp
+
+    digest = getattr(config_changed(chain_stamp()), "_calc_digest", None)
+    return digest() if callable(digest) else None
+
+
+def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list | None]) -> str | None:
+    """Why doit would run a task again, judged by its record, or None.
+    ``deps`` maps each file it depends on to the state it will have (None:
+    not known now, not judged)."""
+    if record is None:
+        return "no record of its last run (a first build, a build stopped before it, or the cache cleared)"
+    recorded_stamp = record.get("_values_:", {}).get("_config_changed") if isinstance(record.get("_values_:"), dict) else None
+    if stamp is not None and recorded_stamp is not None and recorded_stamp != stamp:
+        return "the builder's code changed since it last ran"
+    for name, state in deps.items():
+        if state is not None and record.get(name) != state:
+            return name
+    return None
 
 
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
@@ -205,17 +280,46 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         and isinstance(case.get("case"), dict)
         and case["case"].get("request_hash") == plan["request_hash"]
     )
-    # assemble and publish depend on the plan file's bytes, which hold more
-    # than the inputs (the limits in force, among them): the same inputs
-    # under other limits run both again, though publish then reuses the
-    # confirmed case and assemble mostly makes the same one.
-    plan_changed = same_inputs and cached_plan != _plan_as_written(package, plan, confirmed)
+    published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
+    reused = published is not None or (confirmed is not None and confirmed.request_hash == plan["request_hash"])
+    # assemble, render and publish run again when the files they depend on
+    # differ from what doit recorded when they last ran (or their stamp, the
+    # builder's code, does). The plan file holds more than the inputs (the
+    # limits in force among them), and a build stopped after planning leaves
+    # a new plan that assemble never ran on: so the plan validate_index would
+    # write now is compared with doit's record, not with the cached file.
+    plan_state = _file_state(encode_sorted(_plan_as_written(package, plan, reused)))
+    records = _doit_records(cache, ("assemble", "render", "publish"))
+    stamp = _current_stamp()
+    plan_path, case_path, summary_path = str(cache.plan), str(cache.case_json), str(cache.summary)
+    case_state = summary_state = None
+    if case is not None:
+        case_bytes = _cached_bytes(cache.case_json, PUBLISHED_CASE_CEILING)
+        case_state = _file_state(case_bytes) if case_bytes is not None else None
+    summary_bytes = _cached_bytes(cache.summary, PUBLISHED_SUMMARY_CEILING) if cache.summary.exists() else None
+    summary_state = _file_state(summary_bytes) if summary_bytes is not None else None
+    if records is None:
+        # doit's record unreadable: judge by the cached plan file alone.
+        plan_changed = same_inputs and cached_plan != _plan_as_written(package, plan, reused)
+        assemble_why = "plan" if plan_changed else None
+        render_why = None
+        publish_why = "plan" if plan_changed else None
+    else:
+        assemble_why = _rerun_reason(records.get("assemble"), stamp, {plan_path: plan_state})
+        render_why = _rerun_reason(records.get("render"), stamp, {case_path: case_state})
+        publish_why = _rerun_reason(records.get("publish"), None, {plan_path: plan_state, case_path: case_state, summary_path: summary_state})
+    reasons = {
+        plan_path: "same inputs, but the plan changed since it last ran (other limits in force, or a build stopped after planning)",
+        case_path: "the cached case changed since it last ran",
+        summary_path: "the cached summary changed since it last ran",
+        "plan": "same inputs, but the plan changed since the last build (other limits in force)",
+    }
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))
     elif not same_inputs:
         rows.append(("assemble", "would run: inputs changed since the last case was assembled"))
-    elif plan_changed:
-        rows.append(("assemble", "would run: same inputs, but the plan changed since the last build (other limits in force)"))
+    elif assemble_why is not None:
+        rows.append(("assemble", f"would run: {reasons.get(assemble_why, assemble_why)}"))
     else:
         rows.append(("assemble", "up to date"))
     if not cache.summary.exists():
@@ -224,12 +328,15 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", "would run: after assemble"))
     elif not _rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING):
         rows.append(("render", "would run: the cached summary is not the cached case's"))
-    elif plan_changed:
+    elif render_why is not None:
+        rows.append(("render", f"would run: {reasons.get(render_why, render_why)}"))
+    elif assemble_why is not None:
         rows.append(("render", "up to date, unless assemble makes another case under the limits in force"))
     else:
         rows.append(("render", "up to date"))
-    published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
-    if published is not None:
+    if published is not None and publish_why is not None:
+        rows.append(("publish", f"would run: generation {published} published this case; the build confirms it and reuses it (no new generation)"))
+    elif published is not None:
         rows.append(("publish", f"up to date: generation {published} published this case; the next command confirms it (no new generation)"))
     elif confirmed is None:
         rows.append(("publish", f"would run: no confirmed case for {plan['step_id']}"))
@@ -237,8 +344,9 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         damaged = _damaged_outputs(package, plan)
         if damaged:
             rows.append(("publish", f"would fail: the confirmed {damaged} is missing or changed in the package content"))
-        elif plan_changed:
-            rows.append(("publish", f"would run: the plan changed; reuses {plan['step_id']}, confirmed for these inputs (no new generation)"))
+        elif publish_why is not None:
+            why = "the plan changed" if publish_why in (plan_path, "plan") else reasons.get(publish_why, publish_why)
+            rows.append(("publish", f"would run: {why}; reuses {plan['step_id']}, confirmed for these inputs (no new generation)"))
         else:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:

@@ -390,7 +390,8 @@ def test_status_foretells_what_a_build_runs_after_the_limits_change_on_a_confirm
     published = tree_digest(package_dir(ws, "c1"))
     _write(ws, _limits(case_builder={"inline_fact_value": 64 << 10}))
     outlook = doit("status", "case=c1", workspace=ws).stdout
-    assert "  assemble: would run: same inputs, but the plan changed since the last build (other limits in force)\n" in outlook, outlook
+    assert ("  assemble: would run: same inputs, but the plan changed since it last ran (other limits in force, "
+            "or a build stopped after planning)\n") in outlook, outlook
     assert "  render: up to date, unless assemble makes another case under the limits in force\n" in outlook, outlook
     assert "  publish: would run: the plan changed; reuses case-build/v1/r1, confirmed for these inputs (no new generation)\n" in outlook
     built = doit("build", "case=c1", workspace=ws)

@@ -944,18 +944,79 @@ def test_a_build_that_cannot_write_its_dep_file_is_one_coded_line(tmp_path):
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
 
 
-def test_status_after_a_publication_that_was_not_confirmed_says_the_next_command_confirms_it(tmp_path):
+def test_status_after_a_publication_that_was_not_confirmed_says_the_build_confirms_it(tmp_path):
     ws = _admitted(tmp_path)
     crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "build:after-publish"})
     assert crashed.returncode != 0
     status = kit.doit("status", "case=c1", workspace=ws)
     assert status.returncode == 0, status.stderr
     assert "package generations not yet taken in: 2..2" in status.stdout, status.stdout
-    assert ("  publish: up to date: generation 2 published this case; the next command confirms it (no new generation)\n"
+    assert ("  publish: would run: generation 2 published this case; the build confirms it and reuses it (no new generation)\n"
             in status.stdout), status.stdout
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert len(kit.manifests(ws, "c1")) == 2
     assert "  publish: up to date: case-build/v1/r1 confirmed" in kit.doit("status", "case=c1", workspace=ws).stdout
+
+
+_CHAIN = ("assemble", "render", "publish")
+
+
+def _foretold(status_stdout: str) -> set[str]:
+    return {task for task in _CHAIN if f"  {task}: would run" in status_stdout}
+
+
+def _set_recorded_stamp(ws: Path, stamp: str) -> None:
+    """Stand in for a build by another builder version: the stamp doit
+    recorded for the chain's stamped tasks (assemble, render)."""
+    import sqlite3
+
+    conn = sqlite3.connect(ws / ".cache" / "c1" / "doit.sqlite3")
+    try:
+        for task in ("assemble", "render"):
+            (data,) = conn.execute("SELECT task_data FROM doit WHERE task_id = ?", (task,)).fetchone()
+            record = json.loads(data)
+            record["_values_:"]["_config_changed"] = stamp
+            conn.execute("UPDATE doit SET task_data = ? WHERE task_id = ?", (json.dumps(record), task))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("before", [
+    "build:validate-index", "build:assemble", "build:after-publish", "build:after-confirm",  # a build killed there
+    "limits raised", "limits raised, killed after planning", "limits raised, validate_index alone",
+    "another builder version",
+])
+def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_runs(tmp_path, before):
+    """doit reruns a chain task when the files it depends on (the plan, the
+    cached case and summary) or its stamp differ from what it recorded when
+    the task last ran; status must say the same beforehand, whatever left the
+    cache as it is."""
+    ws = _admitted(tmp_path)
+    if before.startswith("build:"):
+        crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": before})
+        assert crashed.returncode != 0
+    else:
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    if before.startswith("limits raised"):
+        (ws / "limits.json").write_text(json.dumps({"format": "viano-workspace-limits", "format_version": 1,
+                                                    "case_builder": {"case_bytes": 16 << 20}}))
+    if before == "limits raised, killed after planning":
+        assert kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "build:assemble"}).returncode != 0
+    if before == "limits raised, validate_index alone":
+        assert kit.doit("validate_index", "case=c1", workspace=ws).returncode == 0
+    if before == "another builder version":
+        _set_recorded_stamp(ws, "0" * 32)
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    if before == "another builder version":
+        assert "  assemble: would run: the builder's code changed since it last ran\n" in status.stdout, status.stdout
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert _foretold(status.stdout) == set(_executed(built)) & set(_CHAIN), (status.stdout, built.stderr)
+    again = kit.doit("status", "case=c1", workspace=ws)
+    assert _foretold(again.stdout) == set(), again.stdout
+    assert not set(_executed(kit.doit("build", "case=c1", workspace=ws))) & set(_CHAIN)
 
 
 def test_status_plans_generations_the_store_has_not_taken_in_yet(tmp_path):
