@@ -187,7 +187,6 @@ def guarded(target: str, *args, **kwargs):
     return None
 
 
-@functools.cache
 def chain_stamp() -> dict:
     """What assemble and render are stamped with (``config_changed`` in the
     dodo file): a new builder rebuilds. ``doit status`` compares it with the
@@ -197,6 +196,7 @@ def chain_stamp() -> dict:
     return {"code": code_version(), "builder": BUILDER_VERSION}
 
 
+@functools.cache
 def code_version() -> str:
     """sha256 over the builder's own code and contracts, and the Unicode
     version of this Python (escaping, name checks and folding follow its
