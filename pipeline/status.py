@@ -351,4 +351,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
-    return rows
+    return [(task, _IGNORED) if records and (records.get(task) or {}).get("ignore:") else (task, outlook) for task, outlook in rows]
+
+
+_IGNORED = "ignored (`doit ignore`): the build skips it and publishes nothing until `doit forget` clears it"

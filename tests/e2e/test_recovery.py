@@ -1019,6 +1019,20 @@ def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_run
     assert not set(_executed(kit.doit("build", "case=c1", workspace=ws))) & set(_CHAIN)
 
 
+def test_status_names_a_chain_task_doit_was_told_to_ignore(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("ignore", "publish", "case=c1", workspace=ws).returncode == 0
+    status = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  publish: ignored (`doit ignore`): the build skips it" in status, status
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert "!! publish" in built.stderr, built.stderr
+    assert kit.doit("forget", "publish", "case=c1", workspace=ws).returncode == 0
+    status = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  publish: would run: no record of its last run" in status, status
+    assert "publish" in _executed(kit.doit("build", "case=c1", workspace=ws))
+
+
 def test_status_plans_generations_the_store_has_not_taken_in_yet(tmp_path):
     """An append whose process died after publishing its manifest: the next
     build takes that generation in before it plans, and so does status."""
