@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import os
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from . import BUILDER_VERSION
@@ -246,7 +248,17 @@ def case_cache(ws, case_id: str) -> BuildCache:
     return BuildCache(cache_dir)
 
 
+_PROGRESS_SINK: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar("viano_build_progress", default=None)
+"""Where a build's progress lines go: stderr (None), or what a
+:class:`CaseBuilder` was given (set for the thread that runs its steps,
+which is also the one that reports their progress)."""
+
+
 def _progress(message: str) -> None:
+    sink = _PROGRESS_SINK.get()
+    if sink is not None:
+        sink(message)
+        return
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
@@ -1467,15 +1479,19 @@ class CaseBuilder:
     same steps as ``doit build`` in-process (no incremental cache reuse beyond
     what the steps themselves check)."""
 
-    def __init__(self, store, limits: CaseBuilderLimits | None = None) -> None:
+    def __init__(self, store, limits: CaseBuilderLimits | None = None, progress: Callable[[str], None] | None = None) -> None:
         self.store = store
         #: None: the workspace's own (its ``limits.json``, else the defaults), read per build.
         self.limits = limits
+        #: Each progress line of a build (hashing a large file, what an append
+        #: added), without its newline; None: written to stderr, as the command does.
+        self.progress = progress
 
     def build(self, case_id: str, package_id: str | None = None) -> BuildResult:
         """Build (or reuse) the case; every failure is a :class:`CaseBuildError`
         carrying the original code, path and pointer (seed 001's API catches
         exactly that type)."""
+        token = _PROGRESS_SINK.set(self.progress)
         try:
             return self._build(case_id, package_id)
         except CaseBuildError:
@@ -1485,6 +1501,8 @@ class CaseBuilder:
         except OSError as error:
             # The environment failed: the code the command line gives it too.
             raise coded_io_error(error, CaseBuildError) from error
+        finally:
+            _PROGRESS_SINK.reset(token)
 
     def _build(self, case_id: str, package_id: str | None) -> BuildResult:
         ws = self.store.workspace

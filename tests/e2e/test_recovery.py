@@ -155,6 +155,28 @@ def test_reuse_survives_lowered_limits_and_a_cleared_cache(tmp_path):
     assert len(kit.manifests(ws, "c1")) == 2
 
 
+def test_the_python_api_hands_its_progress_lines_to_the_caller(tmp_path, capfd):
+    """A library build reports what it would print (here, what an append
+    added) to the callable it was given, and nothing to stderr."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+    extra = kit.make_append(tmp_path / "more", files={"original/report-new.json": kit.report("new")},
+                            index=kit.index(reports=["original/report-new.json"]))
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    capfd.readouterr()
+    lines: list[str] = []
+    store = CheckpointStore(Workspace(ws))
+    try:
+        result = CaseBuilder(store, progress=lines.append).build("c1")
+    finally:
+        store.close()
+    assert result["status"] == "published"
+    assert any(line.startswith("assemble: 1 new input(s) appended to the ") for line in lines), lines
+    assert all("\n" not in line for line in lines)
+    assert capfd.readouterr().err == ""
+
+
 def _built_then_reopen_killed_after_publishing(tmp_path) -> Path:
     """A built case whose reopen (by human:alice, "new logs") was published,
     then killed before its checkpoint."""
