@@ -715,8 +715,11 @@ def cmd_status(case=None, workspace=None) -> None:
         _out(f"artifact {key}: {manifest['artifacts'][key]}")
     _out(f"files: {len(manifest['files'])}")
     _out(f"limits: {_limits_line(ws)}")
-    _out("checkpoints (latest last):")
-    for checkpoint in checkpoints[-8:]:
+    shown = checkpoints[-8:]
+    # The numbers are the workspace store's sequence, shared by all its cases.
+    _out(f"checkpoints ({'all ' if len(shown) == len(checkpoints) else f'the last {len(shown)} of '}{len(checkpoints)},"
+         " latest last; # numbers the workspace's store):")
+    for checkpoint in shown:
         _out(
             f"  #{checkpoint.seq} {checkpoint.step_id or '-'} {checkpoint.kind} "
             f"generation={checkpoint.generation} request={(checkpoint.request_hash or '-')[:16]}"

@@ -177,6 +177,22 @@ def test_the_python_api_hands_its_progress_lines_to_the_caller(tmp_path, capfd):
     assert capfd.readouterr().err == ""
 
 
+def test_status_says_how_many_checkpoints_it_shows_and_whose_numbers_they_are(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("admit", "case=c2", f"source={standard_package(tmp_path / 'src2')}", workspace=ws).returncode == 0
+    status = kit.doit("status", "case=c2", workspace=ws).stdout
+    # The second case's first checkpoint is the store's second.
+    assert "checkpoints (all 1, latest last; # numbers the workspace's store):\n  #2 - admit" in status, status
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    for round_ in range(3):
+        assert kit.doit("reopen", "case=c1", "by=human:qa", f"reason=round {round_}", workspace=ws).returncode == 0
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    status = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "checkpoints (the last 8 of 12, latest last; # numbers the workspace's store):" in status, status
+    listed = status.split("latest last; # numbers the workspace's store):\n", 1)[1].split("build outlook")[0]
+    assert len(listed.splitlines()) == 8
+
+
 def _built_then_reopen_killed_after_publishing(tmp_path) -> Path:
     """A built case whose reopen (by human:alice, "new logs") was published,
     then killed before its checkpoint."""
