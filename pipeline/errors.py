@@ -68,7 +68,7 @@ ERROR_CODES: dict[str, str] = {
     "UNSUPPORTED_VERSION": "an unknown format or format_version",
     "CONTRACT_INVALID": "a bundled contract refers to a schema that is not bundled (nothing is ever fetched)",
     # references inside a package (RELIABILITY.md 27-29)
-    "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink, or names a file the builder writes (`case/revisions/…`, `inputs/N/reopen.json`); or a directory of the workspace is a symlink (an empty string where a report, reproduction or index holds a reference fails its contract first: `SCHEMA_VIOLATION`)",
+    "REFERENCE_UNSAFE": "a reference is absolute, climbs out, is empty, or crosses a symlink, or, in an append's index, names a file the builder writes (`case/revisions/…`, `inputs/N/reopen.json`; in an admitted package's index such a path, which the package cannot hold, is `REFERENCE_MISSING`); or a directory of the workspace is a symlink (an empty string where a report, reproduction or index holds a reference fails its contract first: `SCHEMA_VIOLATION`)",
     "REFERENCE_MISSING": "a reference names a file absent from the manifest",
     "DUPLICATE_SOURCE": "the same source is listed twice, within one index role or in two roles",
     # lifecycle (section 4)

@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from . import BUILDER_VERSION
-from .errors import IntegrityError, LifecycleError, VianoError
+from .errors import IntegrityError, LifecycleError, VianoError, coded_io_error
 from .workspace import Workspace, refuse_symlinks, validate_id
 
 __all__ = [
@@ -267,7 +267,14 @@ class CheckpointStore:
         if not path.exists():
             if not create or read_only:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                # The workspace root, or a folder on its way, is a file: what
+                # the commands say of it too, never a bare OSError.
+                raise LifecycleError("INVALID_ARGUMENT", "the workspace is not a directory", path=os.fspath(path.parent)) from None
+            except OSError as error:
+                raise coded_io_error(error, LifecycleError) from None
         elif not stat.S_ISREG(os.stat(path).st_mode):
             # A FIFO would hold a read-only open until some writer came.
             raise LifecycleError("IO_ERROR", "the checkpoint store is not a regular file", path=path.name)

@@ -357,6 +357,17 @@ def test_busy_store_is_lock_timeout_and_changes_nothing(tmp_path):
         assert s.get("c1").state == "VALIDATED" and len(s.checkpoints("c1")) == 1
 
 
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_workspace_that_is_a_file_is_a_coded_error_never_a_bare_oserror(tmp_path, below):
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    ws = Workspace(afile / below if below else afile)
+    with pytest.raises(VianoError) as info:
+        CheckpointStore(ws)
+    assert info.value.code == "INVALID_ARGUMENT" and "not a directory" in info.value.message
+    assert afile.read_bytes() == b"x"
+
+
 def test_garbage_store_is_integrity_error(tmp_path):
     ws = Workspace(tmp_path)
     ws.store_path.write_bytes(b"this is not a database at all" * 200)
