@@ -22,7 +22,7 @@ from doit.tools import config_changed  # noqa: E402
 
 from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case  # noqa: E402
 from pipeline.cache import BuildCache  # noqa: E402
-from pipeline.doitcli import chain_stamp, doit_config, guarded, subtask_name  # noqa: E402
+from pipeline.doitcli import chain_stamp, doit_config, guarded, output_as_written, output_digest, subtask_name  # noqa: E402
 from pipeline.errors import VianoError  # noqa: E402
 from pipeline.limits import CaseBuilderLimits  # noqa: E402
 from pipeline.workspace import Workspace, validate_id  # noqa: E402
@@ -124,22 +124,23 @@ def _pipeline():
         "targets": [str(cache.plan)],
         "uptodate": [False],
     }
+    case_json, summary = str(cache.case_json), str(cache.summary)
     yield {
         "basename": "assemble",
         "doc": _CHAIN_DOCS["assemble"],
-        "actions": [(guarded, ["pipeline.build:step_assemble", root, case_id])],
+        "actions": [(guarded, ["pipeline.build:step_assemble", root, case_id]), (output_digest, [case_json])],
         "file_dep": [str(cache.plan)],
         "task_dep": ["read_input", "hash_context"],
-        "targets": [str(cache.case_json)],
-        "uptodate": [stamp],
+        "targets": [case_json],
+        "uptodate": [stamp, (output_as_written, [case_json])],
     }
     yield {
         "basename": "render",
         "doc": _CHAIN_DOCS["render"],
-        "actions": [(guarded, ["pipeline.build:step_render", root, case_id])],
-        "file_dep": [str(cache.case_json)],
-        "targets": [str(cache.summary)],
-        "uptodate": [stamp],
+        "actions": [(guarded, ["pipeline.build:step_render", root, case_id]), (output_digest, [summary])],
+        "file_dep": [case_json],
+        "targets": [summary],
+        "uptodate": [stamp, (output_as_written, [summary])],
     }
     yield {
         "basename": "publish",
@@ -187,7 +188,7 @@ def _read_inputs():
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
                                    doc["path"], doc["sha256"], doc["size"], doc["contract"]],
                          {"limits": limits, "inline_fact_value": inline})],
-            "targets": [str(cache.input_record(doc["path"], doc["sha256"], doc["contract"], inline, over))],
+            "targets": [cache.input_record_name(doc["path"], doc["sha256"], doc["contract"], inline, over)],
             "uptodate": [True],
         }
 
@@ -211,7 +212,7 @@ def _hash_contexts():
             "name": subtask_name(ref["path"]),
             "actions": [(guarded, ["pipeline.build:step_hash_context", root, case_id, plan["package_id"],
                                    ref["path"], ref["sha256"], ref["size"]])],
-            "targets": [str(cache.opaque(ref["path"], ref["sha256"], ref["size"]))],
+            "targets": [cache.opaque_name(ref["path"], ref["sha256"], ref["size"])],
             "uptodate": [True],
         }
 

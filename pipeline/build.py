@@ -67,7 +67,7 @@ _WRITTEN_GUARD = threading.Lock()  # builds of other cases may run in other thre
 
 
 def _write_output(cache: BuildCache, path: Path, data: bytes) -> None:
-    cache.write(path, data)
+    cache.write(path, data, flush_on_replace=False)
     version = remember_file_digest(path, data)
     # Only the run's own outputs are held: a process that builds case after
     # case (CaseBuilder) keeps those of one case directory at a time.
@@ -384,9 +384,12 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # store record, byte-identical snapshot manifest (which pins every
                     # input's sha256). Re-planning would read the same immutable bytes,
                     # unless one of them was damaged since it was last read.
-                    plan = cache.read_json(cache.plan)
-                    prior = plan["prior_case"]
-                    if not _forget_changed_content(cache, content_dir, plan, stamps) and (
+                    try:
+                        plan = cache.read_json(cache.plan)
+                    except IntegrityError:
+                        plan = None  # cut short (a power loss) or damaged: planned again below
+                    prior = plan["prior_case"] if plan is not None else None
+                    if plan is not None and not _forget_changed_content(cache, content_dir, plan, stamps) and (
                         prior is None or cache.prior_view(prior["path"], prior["sha256"]).exists()
                     ):
                         return plan

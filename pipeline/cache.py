@@ -88,9 +88,13 @@ class BuildCache:
         document read over its size bound (:func:`pipeline.build.over_read_bound`)
         is only a refusal: its record is kept apart from the one read within it,
         so a lowered limit never leaves a refusal for a later build to reuse."""
-        # One Path built from a string: doit's creators ask for 256 of these per run.
+        return Path(self.input_record_name(path, sha256, contract, inline_fact_value, over_limit))
+
+    def input_record_name(self, path: str, sha256: str, contract: str, inline_fact_value: int, over_limit: bool = False) -> str:
+        """:meth:`input_record` as a string: doit's creators ask for one per
+        document on every run, and building a Path costs more than the name."""
         over = ".over" if over_limit else ""
-        return Path(f"{self._documents}/{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}{over}.json")
+        return f"{self._documents}/{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}{over}.json"
 
     @functools.cached_property
     def _documents(self) -> str:
@@ -110,7 +114,14 @@ class BuildCache:
         return Path(f"{self._documents}/{sha256}.manifest.msgpack")
 
     def opaque(self, path: str, sha256: str, size: int) -> Path:
-        return self.root / "opaque" / f"{sha256}.{size}.{_path_key(path)}.json"
+        return Path(self.opaque_name(path, sha256, size))
+
+    def opaque_name(self, path: str, sha256: str, size: int) -> str:
+        return f"{self._root}/opaque/{sha256}.{size}.{_path_key(path)}.json"
+
+    @functools.cached_property
+    def _root(self) -> str:
+        return os.fspath(self.root)
 
     @property
     def case_json(self) -> Path:
@@ -155,8 +166,17 @@ class BuildCache:
     def published(self) -> Path:
         return self.root / "out" / "published.json"
 
-    def write(self, path: Path, data: bytes) -> None:
-        """Atomically replace one cache record (never used for published files)."""
+    def write(self, path: Path, data: bytes, *, flush_on_replace: bool = True) -> None:
+        """Atomically replace one cache record (never used for published files).
+
+        ``flush_on_replace=False`` removes the old record before renaming the
+        new one into place, for the build's megabyte-sized outputs: renaming
+        over an existing file makes ext4 (``auto_da_alloc``) start writing the
+        new file out there and then, which costs an append rebuild a few
+        milliseconds and buys nothing, since these are checked against the
+        digest their step recorded (:func:`pipeline.doitcli.output_as_written`)
+        and made again when a power loss cut them short. A crash between the
+        two leaves no record, which a build makes again."""
         path.parent.mkdir(parents=True, exist_ok=True)
         # Named by process and thread: the case lock is re-entrant per process,
         # so two threads of one process may write the same record at once.
@@ -166,6 +186,9 @@ class BuildCache:
         try:
             with open(tmp, "wb") as handle:
                 handle.write(data)
+            if not flush_on_replace:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             os.replace(tmp, path)
         except BaseException:
             # A full disk must not keep the half-written copy holding space.

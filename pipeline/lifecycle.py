@@ -38,12 +38,12 @@ import os
 import re
 import sqlite3
 import stat
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from . import BUILDER_VERSION
 from .errors import IntegrityError, LifecycleError, VianoError, coded_io_error
+from .frozen import FrozenRecord
 from .workspace import Workspace, refuse_symlinks, validate_id
 
 __all__ = [
@@ -124,15 +124,16 @@ _BUILT_SQL = (
 )
 
 
-@dataclass(frozen=True)
-class CaseRecord:
-    """One case as the store knows it.
+class CaseRecord(FrozenRecord):
+    """One case as the store knows it: ``case_id``, ``package_id``, ``state``,
+    ``analysis_revision``, ``generation``, ``blocked``, ``case_built``.
 
     ``blocked`` is ``{"code", "route", "retry_after", "prior_state"}`` while
     BLOCKED, else None. ``case_built`` tells whether the current analysis
     revision has a confirmed ``case_built`` checkpoint.
     """
 
+    __slots__ = ("case_id", "package_id", "state", "analysis_revision", "generation", "blocked", "case_built")
     case_id: str
     package_id: str
     state: str
@@ -142,10 +143,13 @@ class CaseRecord:
     case_built: bool
 
 
-@dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(FrozenRecord):
     """One entry of the append-only log; ``state``/``generation``/``analysis_revision`` are after the step."""
 
+    __slots__ = (
+        "seq", "case_id", "transition", "kind", "step_id", "request_hash",
+        "generation", "analysis_revision", "state", "artifacts", "detail", "time",
+    )
     seq: int
     case_id: str
     transition: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from .cache import BuildCache
+from .doitcli import OUTPUT_DIGEST
 from .errors import VianoError
 from .jsoncanon import encode_sorted
 from .plan import check_limits, make_plan, step_id_for
@@ -196,6 +197,19 @@ def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list |
     return None
 
 
+_NOT_AS_WRITTEN = "the cached {} is not the one it wrote (cut short by a crash, or changed since)"
+
+
+def _not_as_written(record: dict | None, state: list | None) -> bool:
+    """Whether doit runs assemble or render again because its cached output
+    is not the bytes whose digest it recorded (:func:`pipeline.doitcli.output_as_written`).
+    No record or no output: the other reasons say it."""
+    if record is None or state is None:
+        return False
+    values = record.get("_values_:")
+    return not (isinstance(values, dict) and values.get(OUTPUT_DIGEST) == state[1])
+
+
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .build import document_readers, open_existing_store
 
@@ -292,10 +306,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     records = _doit_records(cache, ("assemble", "render", "publish"))
     stamp = _current_stamp()
     plan_path, case_path, summary_path = str(cache.plan), str(cache.case_json), str(cache.summary)
-    case_state = summary_state = None
-    if case is not None:
-        case_bytes = _cached_bytes(cache.case_json, PUBLISHED_CASE_CEILING)
-        case_state = _file_state(case_bytes) if case_bytes is not None else None
+    case_bytes = _cached_bytes(cache.case_json, PUBLISHED_CASE_CEILING) if cache.case_json.exists() else None
+    case_state = _file_state(case_bytes) if case_bytes is not None else None
     summary_bytes = _cached_bytes(cache.summary, PUBLISHED_SUMMARY_CEILING) if cache.summary.exists() else None
     summary_state = _file_state(summary_bytes) if summary_bytes is not None else None
     if records is None:
@@ -314,8 +326,12 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         summary_path: "the cached summary changed since it last ran",
         "plan": "same inputs, but the plan changed since the last build (other limits in force)",
     }
+    case_cut = records is not None and _not_as_written(records.get("assemble"), case_state)
+    summary_cut = records is not None and _not_as_written(records.get("render"), summary_state)
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))
+    elif case_cut:
+        rows.append(("assemble", f"would run: {_NOT_AS_WRITTEN.format('case')}"))
     elif not same_inputs:
         rows.append(("assemble", "would run: inputs changed since the last case was assembled"))
     elif assemble_why is not None:
@@ -324,6 +340,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("assemble", "up to date"))
     if not cache.summary.exists():
         rows.append(("render", "would run: no cached output"))
+    elif summary_cut:
+        rows.append(("render", f"would run: {_NOT_AS_WRITTEN.format('summary')}"))
     elif not same_inputs:
         rows.append(("render", "would run: after assemble"))
     elif not _rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING):

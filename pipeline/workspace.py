@@ -21,11 +21,11 @@ import stat
 import threading
 import time
 import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from .errors import CaseBuildError, LifecycleError, VianoError
+from .frozen import FrozenRecord
 
 __all__ = [
     "ADMISSION_MARKER",
@@ -144,18 +144,18 @@ def user_path(value: str) -> Path:
     return Path(start or os.getcwd()) / path
 
 
-@dataclass(frozen=True)
-class Workspace:
+class Workspace(FrozenRecord):
     """Where one workspace lives and how its parts are laid out (ARCHITECTURE.md section 3).
 
     Pure path arithmetic: nothing here touches the disk. ``root`` is made
     absolute once so a later ``chdir`` cannot move the workspace.
     """
 
+    __slots__ = ("root",)
     root: Path
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "root", Path(os.path.abspath(os.fspath(self.root))))
+    def __init__(self, root) -> None:
+        object.__setattr__(self, "root", Path(os.path.abspath(os.fspath(root))))
 
     @classmethod
     def from_var(cls, value: str | None) -> "Workspace":

@@ -306,10 +306,41 @@ def test_a_damaged_cache_record_is_repaired_not_blamed_on_the_published_case(tmp
     os.utime(cached, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     rebuilt = kit.doit("build", "case=c1", workspace=ws)
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert ".  render" in rebuilt.stderr  # the content-hash checker saw the change despite the mtime
+    # Seen by content despite the kept mtime: assemble's record of what it
+    # wrote no longer matches, so it runs again and takes the published case.
+    assert ".  assemble" in rebuilt.stderr
     published = kit.package_dir(ws, "c1") / "content/case/revisions/0001/case.json"
     assert cached.read_bytes() == published.read_bytes()  # repaired from the published case
     assert len(kit.manifests(ws, "c1")) == 2
+
+
+@pytest.mark.parametrize("record", ["out/case_summary.md", "out/case.json", "plan.json"])
+def test_a_cache_record_cut_short_before_publication_is_made_again_never_published(tmp_path, record):
+    """A power loss can leave a cache file empty or cut short: they are renamed
+    into place without an fsync. A summary cut short after render was
+    published as it was; a cut case or plan stopped every later build with
+    INTEGRITY_ERROR until the cache was deleted. Now the build makes the
+    record again, and publishes what a build without the failure publishes."""
+    clean = _admitted(tmp_path / "clean")
+    assert kit.doit("build", "case=c1", workspace=clean).returncode == 0
+    ws = _admitted(tmp_path / "cut")
+    stopped = kit.doit("render", "case=c1", workspace=ws)  # everything but publish
+    assert stopped.returncode == 0, stopped.stderr
+    cut = ws / ".cache" / "c1" / record
+    cut.write_bytes(cut.read_bytes()[: len(cut.read_bytes()) // 3])
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    if record.startswith("out/"):
+        task = "assemble" if record.endswith("case.json") else "render"
+        assert f"{task}: would run: the cached {'case' if task == 'assemble' else 'summary'} is not the one it wrote" in status.stdout
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    for name in ("case.json", "case_summary.md", "case-built.json"):
+        relpath = f"content/case/revisions/0001/{name}"
+        assert (kit.package_dir(ws, "c1") / relpath).read_bytes() == (kit.package_dir(clean, "c1") / relpath).read_bytes(), name
+    assert len(kit.manifests(ws, "c1")) == 2
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0 and ".  assemble" not in again.stderr and ".  render" not in again.stderr, again.stderr
 
 
 def test_reuse_survives_lowered_document_and_case_limits_at_a_later_revision(tmp_path):
