@@ -24,7 +24,7 @@ from pathlib import Path
 from . import BUILDER_VERSION
 from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError, coded_io_error, one_line
-from .doitcli import file_version, remember_file_digest
+from .doitcli import digest_of_version, file_version, remember_file_digest
 from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .plan import check_limits, make_plan, raise_hint, step_id_for
@@ -88,7 +88,9 @@ def _read_output(cache: BuildCache, path: Path, limit: int) -> bytes:
                 return held[1]
         except OSError:
             pass
-    return cache.read_bytes(path, limit)
+    data, version = cache.read_bytes_and_version(path, limit)
+    digest_of_version(version, data)  # known, or hashed once for every later look
+    return data
 
 
 def _case_from(data: bytes) -> dict:

@@ -272,6 +272,13 @@ class BuildCache:
         when larger: an output as large as its own limit allows)."""
         return self._read(path, bytes, limit)
 
+    def read_bytes_and_version(self, path: Path, limit: int | None = None) -> tuple[bytes, tuple]:
+        """:meth:`read_bytes`, with the version of the file the bytes were read
+        from (:func:`pipeline.doitcli.file_version`, from the same open file)."""
+        version = []
+        data = self._read(path, bytes, limit, version)
+        return data, version[0]
+
     def read_json_fast(self, path: Path):
         """:meth:`read_json` through msgspec, for the records a build reads by the
         hundred or by the megabyte. Not the default: importing msgspec costs a
@@ -291,12 +298,15 @@ class BuildCache:
 
         self.write(path, msgspec.msgpack.encode(value))
 
-    def _read(self, path: Path, decode, limit: int | None = None):
+    def _read(self, path: Path, decode, limit: int | None = None, version: list | None = None):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             # Sized from fstat: asking read() for the limit would allocate it whole.
             bound = max(_CACHE_RECORD_LIMIT, limit or 0)
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
+            if version is not None:
+                version.append((os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
             if size > bound:
                 raise IntegrityError("INTEGRITY_ERROR", "cache record too large", path=path.name)
             chunks = []

@@ -125,6 +125,22 @@ def file_version(path) -> tuple:
     return (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def digest_of_version(version: tuple, data: bytes) -> str:
+    """The sha256 of ``data``, read whole from the file version ``version``:
+    taken from what this process hashed of that version already (doit's
+    checks of assemble's and render's outputs hash them before the steps run),
+    else computed and remembered for the checks still to come."""
+    from .jsoncanon import remember_digest, sha256_hex
+
+    digest = _DIGESTS.get(version) if len(data) == version[3] else None
+    if digest is None:
+        digest = sha256_hex(data)
+        if len(data) == version[3]:
+            _remember_digest(version, digest)
+    remember_digest(data, digest)
+    return digest
+
+
 def remember_file_digest(path, data: bytes) -> tuple:
     """Record that ``path``, as it stands now, holds ``data``, and return
     that version's key (:func:`file_version`): a step that has just written

@@ -379,6 +379,14 @@ def sha256_hex(data: bytes) -> str:
     return digest
 
 
+def remember_digest(data: bytes, digest: str) -> None:
+    """Let :func:`sha256_hex` answer ``digest`` for this very ``data`` object,
+    whose digest the caller knows already."""
+    if type(data) is bytes and len(data) >= _REMEMBER_FROM and all(held is not data for held, _ in _REMEMBERED_DIGESTS):
+        _REMEMBERED_DIGESTS.append((data, digest))
+        del _REMEMBERED_DIGESTS[:-_REMEMBER_COUNT]
+
+
 def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:
     """Published-document form: sorted keys, two-space indent, trailing newline.
 

@@ -412,6 +412,36 @@ def test_remembered_file_digests_stay_bounded_and_right(tmp_path, monkeypatch):
     assert doitcli._DIGESTS[version] == hashlib.sha256(b"x").hexdigest()
 
 
+def test_a_file_version_read_whole_shares_its_digest_between_doit_s_check_and_the_steps(tmp_path, monkeypatch):
+    """What doit's check of an output hashed is not hashed again by a step that
+    reads that very version, and the other way round; bytes of another
+    version, or not the whole file, are hashed for what they are."""
+    import hashlib
+
+    from pipeline import doitcli, jsoncanon
+    from pipeline.cache import BuildCache
+
+    monkeypatch.setattr(doitcli, "_DIGESTS", {})
+    monkeypatch.setattr(jsoncanon, "_REMEMBERED_DIGESTS", [])
+    cache = BuildCache(tmp_path)
+    path = tmp_path / "out.json"
+    path.write_bytes(b"a" * 5000)
+    checked = doitcli._sha256_file(path)  # doit's check of the output
+    data, version = cache.read_bytes_and_version(path)
+    monkeypatch.setattr(jsoncanon.hashlib, "sha256", None)  # any hashing now fails loudly
+    assert doitcli.digest_of_version(version, data) == checked
+    assert jsoncanon.sha256_hex(data) == checked
+    monkeypatch.undo()
+    monkeypatch.setattr(doitcli, "_DIGESTS", {})
+    path.write_bytes(b"b" * 6000)  # a new version: read first, checked after
+    data, version = cache.read_bytes_and_version(path)
+    assert doitcli.digest_of_version(version, data) == hashlib.sha256(b"b" * 6000).hexdigest()
+    assert doitcli._DIGESTS[version] == hashlib.sha256(b"b" * 6000).hexdigest()
+    part = data[:100] + b"c" * 4000
+    assert doitcli.digest_of_version(version, part) == hashlib.sha256(part).hexdigest()  # not the whole file
+    assert doitcli._DIGESTS[version] == hashlib.sha256(b"b" * 6000).hexdigest()
+
+
 # A record as write_json writes it: JSON without NaN/Infinity or lone surrogates
 # (inputs never hold them; the strict reader refuses them).
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
