@@ -424,8 +424,10 @@ def _link_new(
     crash_after_temp: str | None = None,
     crash_after_link: str | None = None,
     rename_without_links: bool = False,
+    sync_folder: bool = True,
 ) -> tuple[str, int]:
     """Publish ``source`` as ``name`` in ``dir_fd`` by temp + fsync + link; return (sha256, size).
+    ``sync_folder=False`` leaves the fsync of ``dir_fd`` to the caller.
 
     Raises :class:`_NameExists` (a ``FileExistsError``; temp already removed)
     when ``name`` exists, so the caller decides what an existing name means. Every other failure is
@@ -479,7 +481,8 @@ def _link_new(
             except OSError:
                 with contextlib.suppress(OSError):
                     os.unlink(temp, dir_fd=dir_fd)
-        _fsync_after_publishing(dir_fd, label)
+        if sync_folder:
+            _fsync_after_publishing(dir_fd, label)
         return digest
     finally:
         if temp_present:
@@ -569,8 +572,10 @@ def _publish_content(
     progress: Progress | None = None,
     rename_without_links: bool = False,
     unnamed_temp: bool = False,
+    sync_folder: bool = True,
 ) -> tuple[str, int]:
-    """Create ``name`` exclusively; an existing identical file is accepted, a different one is ``CONTENT_CONFLICT``."""
+    """Create ``name`` exclusively; an existing identical file is accepted, a different one is ``CONTENT_CONFLICT``.
+    ``sync_folder=False``: the caller fsyncs ``dir_fd`` after its last file."""
     try:
         st = os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -585,7 +590,8 @@ def _publish_content(
     try:
         published = _link_unnamed(dir_fd, name, source, label=label) if unnamed_temp else None
         if published is None:
-            published = _link_new(dir_fd, name, source, label=label, progress=progress, rename_without_links=rename_without_links)
+            published = _link_new(dir_fd, name, source, label=label, progress=progress, rename_without_links=rename_without_links,
+                                  sync_folder=sync_folder)
         return published
     except _NameExists as exists:
         # Lost a race for this path to another writer: same bytes are fine.
@@ -823,12 +829,16 @@ class Package:
             )
         return len(numbers)
 
-    def manifest(self, generation: int | None = None) -> dict:
+    def manifest(self, generation: int | None = None, *, copy: bool = True) -> dict:
         """The manifest of ``generation`` (default: current), strictly decoded and checked.
 
         Absent -> ``MANIFEST_MISSING``; truncated, corrupt, or not matching its
         own file name and package -> ``INTEGRITY_ERROR`` (never a silent reset
         to an older generation).
+
+        ``copy=False`` gives the object this Package keeps, for a caller that
+        only reads it (planning reads every generation's, ~115 KB each at the
+        default limits, on every build that plans).
         """
         if generation is None:
             generation = self.current_generation()
@@ -838,7 +848,7 @@ class Package:
         if cached is None:
             cached = self._load(generation)
             self._cache[generation] = cached
-        return json_copy(cached)
+        return json_copy(cached) if copy else cached
 
     def _load(self, generation: int) -> dict:
         name = manifest_name(generation)
@@ -1076,7 +1086,8 @@ class PackageWriter:
 
     def _base(self, generation: int, analysis_revision: int | None, project) -> dict:
         if generation:
-            return self.package.manifest(generation)
+            # Read only: _next_manifest copies it before it changes anything.
+            return self.package.manifest(generation, copy=False)
         if project is None or analysis_revision is None:
             raise CaseBuildError("INVALID_ARGUMENT", "generation 1 needs project and analysis_revision")
         return {
@@ -1109,24 +1120,34 @@ class PackageWriter:
             if mine != existing:
                 raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=relpath)
             hashes[relpath] = mine
-        # Phase 2: create the new files exclusively.
+        # Phase 2: create the new files exclusively, a folder at a time (the
+        # entries are sorted, so a folder's files come together): each file
+        # is fsynced before it is linked, and the folder once after its last
+        # link, before any manifest can name them (a build publishes three
+        # files into one new folder).
         content_fd = open_dir_nofollow(self.package.content_dir)
         try:
+            folders: dict[str, list[tuple[str, object]]] = {}
             for relpath, source in entries:
-                if relpath in hashes:
-                    continue
-                parent, _, name = relpath.rpartition("/")
+                if relpath not in hashes:
+                    folders.setdefault(relpath.rpartition("/")[0], []).append((relpath, source))
+            for parent, members in folders.items():
                 if parent:
                     dir_fd, created_in = makedirs_nofollow(content_fd, parent)
                 else:
                     dir_fd, created_in = os.dup(content_fd), []
                 try:
-                    hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress)
+                    for relpath, source in members:
+                        name = relpath.rpartition("/")[2]
+                        hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress, sync_folder=False)
+                    # Also when every file was there already: a crashed
+                    # writer's link may not have been made durable.
+                    _fsync_after_publishing(dir_fd, members[-1][0])
                     for fd in created_in:  # make the new directory entries durable too
                         try:
                             os.fsync(fd)
                         except OSError as exc:
-                            raise _io_error("fsync of a new directory's parent", exc, relpath) from None
+                            raise _io_error("fsync of a new directory's parent", exc, members[-1][0]) from None
                 finally:
                     os.close(dir_fd)
                     for fd in created_in:

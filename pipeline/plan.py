@@ -421,7 +421,9 @@ def make_plan(
     build that generation would get (``doit append`` checks it before it
     publishes; the new files need only their sizes there).
     """
-    manifests = [package.manifest(g) for g in range(1, snapshot_generation + 1)]
+    # Read only, here and in plan_from_manifests (the plan shares their file
+    # entries, and nothing changes a plan's nested values after it is made).
+    manifests = [package.manifest(g, copy=False) for g in range(1, snapshot_generation + 1)]
     if proposed is not None:
         manifests.append(proposed[0])
     snapshot = manifests[-1]

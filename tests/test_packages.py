@@ -96,6 +96,44 @@ def test_manifest_is_a_copy(pkg):
     assert pkg.manifest()["files"]
 
 
+def test_manifest_without_a_copy_is_the_kept_one_and_a_copy_is_not(pkg):
+    kept = pkg.manifest(1, copy=False)
+    assert pkg.manifest(1, copy=False) is kept
+    copied = pkg.manifest(1)
+    assert copied == kept and copied is not kept and copied["files"] is not kept["files"]
+
+
+def test_files_into_one_folder_are_each_fsynced_before_their_link_and_the_folder_once_before_the_manifest(pkg, monkeypatch):
+    """Three outputs into one new folder (what a build publishes): each file is
+    durable before its name appears, the folder once after its last name and
+    before the manifest that names them, and the new folder's parent too."""
+    events = []
+    real_fsync, real_link = os.fsync, os.link
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def link(src, dst, *args, **kwargs):
+        events.append(("link", dst))
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    files = {f"case/revisions/0002/{name}": name.encode() * 100 for name in ("case.json", "case_summary.md", "case-built.json")}
+    PackageWriter(pkg).publish(1, files)
+    folder = os.fspath(pkg.content_dir / "case/revisions/0002")
+    folder_syncs = [i for i, event in enumerate(events) if event == ("fsync", folder)]
+    links = [i for i, event in enumerate(events) if event[0] == "link" and event[1] in {"case.json", "case_summary.md", "case-built.json"}]
+    manifest_link = next(i for i, event in enumerate(events) if event == ("link", "000002.json"))
+    assert len(folder_syncs) == 1 and len(links) == 3
+    assert max(links) < folder_syncs[0] < manifest_link
+    for i in links:  # the temp linked there was fsynced just before
+        assert events[i - 1][0] == "fsync" and os.path.dirname(events[i - 1][1]) == folder
+    assert ("fsync", os.fspath(pkg.content_dir / "case/revisions")) in events[: manifest_link]
+    assert snapshot(pkg.content_dir / "case/revisions/0002") == {name.rpartition("/")[2]: data for name, data in files.items()}
+
+
 def test_stale_expected_generation_writes_nothing(pkg):
     before = snapshot(pkg.dir)
     for expected in (0, 2, 5):
