@@ -343,6 +343,54 @@ def test_a_cache_record_cut_short_before_publication_is_made_again_never_publish
     assert again.returncode == 0 and ".  assemble" not in again.stderr and ".  render" not in again.stderr, again.stderr
 
 
+def _appended_and_rendered(root: Path, *, publish: bool) -> Path:
+    """Revision 2 of c1 after a reopen and an append of one report, built up
+    to render (``publish``: the whole build), so that its cache holds every
+    kind of record: the prior case's view and the splice state too."""
+    ws = _admitted(root)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+    assert kit.doit("append", "case=c1", f"source={_report_append(root, 'extra', [])}", workspace=ws).returncode == 0
+    done = kit.doit("build" if publish else "render", "case=c1", workspace=ws)
+    assert done.returncode == 0 and "new input(s) appended" in done.stderr, done.stderr
+    return ws
+
+
+def _one_of_each_kind(cache: Path) -> list[str]:
+    """A cache file of each kind (named alike but for digests and keys)."""
+    import re
+
+    kinds = {}
+    for path in sorted(cache.rglob("*")):
+        relpath = path.relative_to(cache).as_posix()
+        if path.is_file() and not relpath.startswith("doit.sqlite3"):
+            kinds.setdefault(re.sub(r"[0-9a-f]{16,64}", "#", relpath), relpath)
+    return sorted(kinds.values())
+
+
+def test_every_kind_of_cache_record_cut_short_before_publication_is_made_again(tmp_path):
+    """The power loss above, for each kind of record an append rebuild leaves
+    before it publishes: every build still succeeds and publishes what a
+    build without the cut publishes, byte for byte."""
+    clean = _appended_and_rendered(tmp_path / "clean", publish=True)
+    stopped = _appended_and_rendered(tmp_path / "stopped", publish=False)
+    records = _one_of_each_kind(stopped / ".cache" / "c1")
+    assert {"plan.json", "out/case.json", "out/case_summary.md", "content-stamps.json", "store-state.json"} <= set(records)
+    assert any(".case-view." in r for r in records) and any(r.startswith("out/splice.") for r in records), records
+    revision = "content/case/revisions/0002"
+    for record in records:
+        ws = tmp_path / "cut" / record.replace("/", "_")
+        shutil.copytree(stopped, ws)
+        cut = ws / ".cache" / "c1" / record
+        data = cut.read_bytes()
+        cut.write_bytes(data[: len(data) // 3])
+        rebuilt = kit.doit("build", "case=c1", workspace=ws)
+        assert rebuilt.returncode == 0, (record, rebuilt.stderr)
+        for name in ("case.json", "case_summary.md", "case-built.json"):
+            assert (kit.package_dir(ws, "c1") / revision / name).read_bytes() == (kit.package_dir(clean, "c1") / revision / name).read_bytes(), (record, name)
+        shutil.rmtree(ws)
+
+
 def test_reuse_survives_lowered_document_and_case_limits_at_a_later_revision(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
