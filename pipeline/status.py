@@ -203,11 +203,23 @@ _NOT_AS_WRITTEN = "the cached {} is not the one it wrote (cut short by a crash, 
 def _not_as_written(record: dict | None, state: list | None) -> bool:
     """Whether doit runs assemble or render again because its cached output
     is not the bytes whose digest it recorded (:func:`pipeline.doitcli.output_as_written`).
-    No record or no output: the other reasons say it."""
-    if record is None or state is None:
+    No record, no recorded digest or no output: the other reasons say it."""
+    values = record.get("_values_:") if record is not None else None
+    if state is None or not isinstance(values, dict) or OUTPUT_DIGEST not in values:
+        # A record from a builder before this check: its stamp differs too,
+        # and the builder's code change is the reason status gives.
         return False
-    values = record.get("_values_:")
-    return not (isinstance(values, dict) and values.get(OUTPUT_DIGEST) == state[1])
+    return values[OUTPUT_DIGEST] != state[1]
+
+
+def _restored_state(records: dict, path: str, digest: str) -> list:
+    """The state doit will record of ``path`` once it holds again the bytes
+    whose SHA-256 is ``digest``: as a later task recorded it, when one did."""
+    for task in ("render", "publish"):
+        state = (records.get(task) or {}).get(path)
+        if isinstance(state, list) and len(state) == 2 and state[1] == digest:
+            return state
+    return [None, digest]
 
 
 def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
@@ -310,6 +322,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     case_state = _file_state(case_bytes) if case_bytes is not None else None
     summary_bytes = _cached_bytes(cache.summary, PUBLISHED_SUMMARY_CEILING) if cache.summary.exists() else None
     summary_state = _file_state(summary_bytes) if summary_bytes is not None else None
+    restored_case = False
     if records is None:
         # doit's record unreadable: judge by the cached plan file alone.
         plan_changed = same_inputs and cached_plan != _plan_as_written(package, plan, reused)
@@ -318,6 +331,12 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         publish_why = "plan" if plan_changed else None
     else:
         assemble_why = _rerun_reason(records.get("assemble"), stamp, {plan_path: plan_state})
+        if _not_as_written(records.get("assemble"), case_state) and assemble_why is None:
+            # assemble runs again only because its case was cut or changed:
+            # from the same plan and code it writes again the bytes it
+            # recorded, which the later tasks are judged against.
+            case_state = _restored_state(records, case_path, records["assemble"]["_values_:"][OUTPUT_DIGEST])
+            restored_case = True
         render_why = _rerun_reason(records.get("render"), stamp, {case_path: case_state})
         publish_why = _rerun_reason(records.get("publish"), None, {plan_path: plan_state, case_path: case_state, summary_path: summary_state})
     reasons = {
@@ -326,11 +345,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         summary_path: "the cached summary changed since it last ran",
         "plan": "same inputs, but the plan changed since the last build (other limits in force)",
     }
-    case_cut = records is not None and _not_as_written(records.get("assemble"), case_state)
     summary_cut = records is not None and _not_as_written(records.get("render"), summary_state)
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))
-    elif case_cut:
+    elif restored_case or (records is not None and _not_as_written(records.get("assemble"), case_state)):
         rows.append(("assemble", f"would run: {_NOT_AS_WRITTEN.format('case')}"))
     elif not same_inputs:
         rows.append(("assemble", "would run: inputs changed since the last case was assembled"))
@@ -342,6 +360,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", "would run: no cached output"))
     elif summary_cut:
         rows.append(("render", f"would run: {_NOT_AS_WRITTEN.format('summary')}"))
+    elif restored_case:
+        # The cut case cannot be read, but the one assemble writes again can be
+        # judged by what render recorded of it.
+        rows.append(("render", f"would run: {reasons.get(render_why, render_why)}" if render_why is not None else "up to date"))
     elif not same_inputs:
         rows.append(("render", "would run: after assemble"))
     elif not _rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING):

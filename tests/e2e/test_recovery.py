@@ -1103,6 +1103,7 @@ def _set_recorded_stamp(ws: Path, stamp: str) -> None:
     "build:validate-index", "build:assemble", "build:after-publish", "build:after-confirm",  # a build killed there
     "limits raised", "limits raised, killed after planning", "limits raised, validate_index alone",
     "another builder version",
+    "render, then the summary cut", "render, then the case cut", "built, then the case cut",  # a power loss
 ])
 def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_runs(tmp_path, before):
     """doit reruns a chain task when the files it depends on (the plan, the
@@ -1113,8 +1114,13 @@ def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_run
     if before.startswith("build:"):
         crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": before})
         assert crashed.returncode != 0
+    elif before.startswith("render,"):
+        assert kit.doit("render", "case=c1", workspace=ws).returncode == 0
     else:
         assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    if before.endswith(" cut"):
+        cut = ws / ".cache" / "c1" / "out" / ("case_summary.md" if "summary" in before else "case.json")
+        cut.write_bytes(cut.read_bytes()[:100])
     if before.startswith("limits raised"):
         (ws / "limits.json").write_text(json.dumps({"format": "viano-workspace-limits", "format_version": 1,
                                                     "case_builder": {"case_bytes": 16 << 20}}))
