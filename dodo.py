@@ -160,7 +160,12 @@ def _pipeline():
 
 
 def _plan(cache):
-    return cache.read_json(cache.plan)
+    """The cached plan, or None when it cannot be read: cut short by a power
+    loss, say; validate_index plans again, and the per-file tasks come then."""
+    try:
+        return cache.read_json(cache.plan)
+    except (OSError, VianoError):
+        return None
 
 
 @create_after(executed="validate_index")
@@ -175,6 +180,8 @@ def _read_inputs():
         return
     root, case_id, cache = context
     plan = _plan(cache)
+    if plan is None:
+        return
     inline = plan["limits"]["inline_fact_value"]
     limits = CaseBuilderLimits(**plan["limits"])
     reusing = reuses_confirmed_case(cache)
@@ -205,6 +212,8 @@ def _hash_contexts():
         return
     root, case_id, cache = context
     plan = _plan(cache)
+    if plan is None:
+        return
     for ref in plan["opaque"]:
         # Named by path, sha256 and size: the record exists exactly when this
         # file was verified (hashing does not change with the builder's code).

@@ -1303,6 +1303,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
             else:
                 if record.generation != cache.read_json(cache.store_state)["store_generation"]:
                     raise CaseBuildError("STALE_GENERATION", "the package changed since the build was planned; run the build again")
+                _check_outputs_as_written(cache, case_bytes, summary_bytes)
                 writer = PackageWriter(package)
                 manifest = writer.publish(
                     record.generation,
@@ -1342,6 +1343,39 @@ def step_publish(workspace_root, case_id) -> BuildResult:
         _progress(f"warning: IO_ERROR: the build cache's note of the publication was not written ({one_line(error.strerror or str(error))}); "
                   "the case is published and confirmed")
     return result
+
+
+def _check_outputs_as_written(cache: BuildCache, case_bytes: bytes, summary_bytes: bytes) -> None:
+    """Publish only the very outputs assemble and render wrote. In a build
+    they are the bytes this process wrote, or doit has just checked them
+    against the digests those steps recorded (``output_as_written``); a
+    publish run on its own (``doit -s publish``) reads them from the cache,
+    where a power loss may have cut them short: checked against the same
+    records here. Refused, nothing is written; ``doit build`` makes them again."""
+    from .doitcli import OUTPUT_DIGEST
+
+    unsure = [(path, task, data) for path, task, data in ((cache.case_json, "assemble", case_bytes), (cache.summary, "render", summary_bytes))
+              if not _written_here(path, data)]
+    if not unsure:
+        return
+    records = cache.doit_records(tuple(task for _, task, _ in unsure)) or {}
+    for path, task, data in unsure:
+        values = (records.get(task) or {}).get("_values_:")
+        if not (isinstance(values, dict) and values.get(OUTPUT_DIGEST) == sha256_hex(data)):
+            raise CaseBuildError("INTEGRITY_ERROR", f"the cached {path.name} is not the one {task} wrote (cut short by a crash, "
+                                                    "or changed since); run `doit build`, which makes it again", path=path.name)
+
+
+def _written_here(path: Path, data: bytes) -> bool:
+    """Whether ``data`` is the very output this process wrote to ``path``, still there."""
+    with _WRITTEN_GUARD:
+        held = _WRITTEN.get(os.fspath(path))
+    if held is None or held[1] is not data:
+        return False
+    try:
+        return file_version(path) == held[0]
+    except OSError:
+        return False
 
 
 def _plan_stays_current(cache: BuildCache, package, record, plan: dict) -> None:

@@ -25,6 +25,7 @@ from .errors import IntegrityError
 __all__ = ["BuildCache", "ParsedManifests"]
 
 _CACHE_RECORD_LIMIT = 64 * 1024 * 1024
+_DOIT_RECORD_BYTES = 1 << 20  # a task's record is a few hundred bytes; anything larger is not doit's
 
 # The temp files this process's threads are writing now (see remove_stale_temps).
 _IN_FLIGHT: set[str] = set()
@@ -44,6 +45,40 @@ class BuildCache:
     @property
     def dep_file(self) -> Path:
         return self.root / "doit.sqlite3"
+
+    def doit_records(self, tasks: tuple[str, ...]) -> dict[str, dict] | None:
+        """What doit recorded for ``tasks`` when each last ran to the end of a
+        build (the case's dependency file, opened read-only): the stamp, the
+        values an action returned, and the size and SHA-256 of each file it
+        depended on, which is what doit compares to decide whether the task
+        runs again. ``{}`` where there is no file yet; None where it cannot be
+        read (locked by a build that is saving it, on a read-only filesystem
+        with a journal to replay, not doit's)."""
+        import sqlite3
+
+        path = self.dep_file
+        try:
+            if not path.is_file():
+                return {}
+            conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=0.5)
+        except (OSError, sqlite3.Error):
+            return None
+        try:
+            marks = ", ".join("?" for _ in tasks)
+            rows = conn.execute(f"SELECT task_id, task_data FROM doit WHERE task_id IN ({marks})", tasks).fetchall()
+            records = {}
+            for task_id, data in rows:
+                if not isinstance(data, (str, bytes)) or len(data) > _DOIT_RECORD_BYTES:
+                    return None
+                record = json.loads(data)
+                if not isinstance(record, dict):
+                    return None
+                records[task_id] = record
+            return records
+        except (sqlite3.Error, ValueError):
+            return None
+        finally:
+            conn.close()
 
     @property
     def plan(self) -> Path:

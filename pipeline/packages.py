@@ -601,6 +601,33 @@ def _publish_content(
         return mine
 
 
+def _folders_of(files) -> set[str]:
+    """Every folder that holds, at any depth, one of ``files`` (content paths)."""
+    folders = set()
+    for relpath in files:
+        folder = relpath.rpartition("/")[0]
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
+    return folders
+
+
+def _fsync_folder_and_above(content_fd: int, folder: str) -> None:
+    """fsync ``folder`` (relative to the content directory) and every folder
+    above it, the content directory included."""
+    fds = [os.dup(content_fd)]
+    try:
+        for part in folder.split("/") if folder else []:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        for fd in reversed(fds):
+            _fsync_after_publishing(fd, folder or ".")
+    except OSError as exc:
+        raise _io_error("opening a folder to fsync it", exc, folder) from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _single_name(name: str) -> str:
     check_reference(name)
     if "/" in name or is_temp_name(name):
@@ -1105,6 +1132,7 @@ class PackageWriter:
     def _write_content(self, base: dict, entries, progress: Progress | None) -> dict[str, tuple[str, int]]:
         """Create every new content file exclusively; return path -> (sha256, size)."""
         hashes: dict[str, tuple[str, int]] = {}
+        adopted: list[str] = []
         # Phase 1, before writing anything: every path that already exists
         # (published, or left by a crashed writer) must hold identical bytes,
         # so a conflict leaves the package exactly as it was.
@@ -1116,6 +1144,7 @@ class PackageWriter:
                 existing = self._existing_hash(relpath)
                 if existing is None:
                     continue
+                adopted.append(relpath)
             mine = _hash_source(source, relpath, progress)
             if mine != existing:
                 raise CaseBuildError("CONTENT_CONFLICT", "the path already exists with different bytes", path=relpath)
@@ -1131,27 +1160,37 @@ class PackageWriter:
             for relpath, source in entries:
                 if relpath not in hashes:
                     folders.setdefault(relpath.rpartition("/")[0], []).append((relpath, source))
+            # Folders an earlier, failed attempt left (made, or holding the
+            # files it linked) may never have been made durable: each is
+            # fsynced with every folder above it before a manifest names them.
+            unsure = {relpath.rpartition("/")[0] for relpath in adopted}
+            known_folders = None
             for parent, members in folders.items():
                 if parent:
                     dir_fd, created_in = makedirs_nofollow(content_fd, parent)
                 else:
                     dir_fd, created_in = os.dup(content_fd), []
                 try:
-                    for relpath, source in members:
-                        name = relpath.rpartition("/")[2]
-                        hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress, sync_folder=False)
-                    # Also when every file was there already: a crashed
-                    # writer's link may not have been made durable.
-                    _fsync_after_publishing(dir_fd, members[-1][0])
-                    for fd in created_in:  # make the new directory entries durable too
+                    for fd in created_in:  # the new directory entries, before anything is linked in them
                         try:
                             os.fsync(fd)
                         except OSError as exc:
-                            raise _io_error("fsync of a new directory's parent", exc, members[-1][0]) from None
+                            raise _io_error("fsync of a new directory's parent", exc, members[0][0]) from None
+                    if parent and not created_in:
+                        if known_folders is None:
+                            known_folders = _folders_of(base["files"])
+                        if parent not in known_folders:
+                            unsure.add(parent)  # no manifest names anything in it: made by a failed attempt
+                    for relpath, source in members:
+                        name = relpath.rpartition("/")[2]
+                        hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress, sync_folder=False)
+                    _fsync_after_publishing(dir_fd, members[-1][0])
                 finally:
                     os.close(dir_fd)
                     for fd in created_in:
                         os.close(fd)
+            for folder in sorted(unsure):
+                _fsync_folder_and_above(content_fd, folder)
         finally:
             os.close(content_fd)
         return hashes

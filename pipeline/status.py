@@ -125,45 +125,6 @@ def _plan_as_written(package, plan: dict, reused: bool) -> dict:
         return plan  # the publish row says what is wrong with the confirmed outputs
 
 
-_RECORD_BYTES = 1 << 20  # a task's record is a few hundred bytes; anything larger is not doit's
-
-
-def _doit_records(cache: BuildCache, tasks: tuple[str, ...]) -> dict[str, dict] | None:
-    """What doit recorded for ``tasks`` when each last ran to the end of a
-    build (its dependency file, opened read-only): the stamp and the size and
-    SHA-256 of each file it depended on, which is what doit compares to
-    decide whether the task runs again. ``{}`` where there is no file yet;
-    None where it cannot be read (locked by a build that is saving it, on a
-    read-only filesystem with a journal to replay, not doit's): the outlook
-    then judges by the cached files alone."""
-    import json
-    import sqlite3
-
-    path = cache.dep_file
-    try:
-        if not path.is_file():
-            return {}
-        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=0.5)
-    except (OSError, sqlite3.Error):
-        return None
-    try:
-        marks = ", ".join("?" for _ in tasks)
-        rows = conn.execute(f"SELECT task_id, task_data FROM doit WHERE task_id IN ({marks})", tasks).fetchall()
-        records = {}
-        for task_id, data in rows:
-            if not isinstance(data, (str, bytes)) or len(data) > _RECORD_BYTES:
-                return None
-            record = json.loads(data)
-            if not isinstance(record, dict):
-                return None
-            records[task_id] = record
-        return records
-    except (sqlite3.Error, ValueError):
-        return None
-    finally:
-        conn.close()
-
-
 def _file_state(data: bytes) -> list:
     """A file's state as the content-hash checker records it: [size, sha256]."""
     import hashlib
@@ -215,7 +176,7 @@ def _not_as_written(record: dict | None, state: list | None) -> bool:
 def _restored_state(records: dict, path: str, digest: str) -> list:
     """The state doit will record of ``path`` once it holds again the bytes
     whose SHA-256 is ``digest``: as a later task recorded it, when one did."""
-    for task in ("render", "publish"):
+    for task in ("render", "publish"):  # the tasks that depend on a cached output
         state = (records.get(task) or {}).get(path)
         if isinstance(state, list) and len(state) == 2 and state[1] == digest:
             return state
@@ -293,6 +254,9 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None
     except (OSError, VianoError):
         cached_plan = None
+    # A plan that cannot be read (cut short by a power loss) is planned
+    # again by validate_index, which writes the plan judged below.
+    plan_unreadable = cached_plan is None and cache.plan.exists()
     # A failed build has planned these inputs already; the cached case is
     # current only if it was assembled from them, and the cached summary
     # only if it is that case's render.
@@ -300,8 +264,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     # have built, not by the limits in force now.
     case = _cached_case(cache, PUBLISHED_CASE_CEILING) if cache.case_json.exists() else None
     same_inputs = (
-        cached_plan is not None
-        and cached_plan.get("request_hash") == plan["request_hash"]
+        (plan_unreadable or (cached_plan is not None and cached_plan.get("request_hash") == plan["request_hash"]))
         and isinstance(case, dict)
         and isinstance(case.get("case"), dict)
         and case["case"].get("request_hash") == plan["request_hash"]
@@ -315,7 +278,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     # a new plan that assemble never ran on: so the plan validate_index would
     # write now is compared with doit's record, not with the cached file.
     plan_state = _file_state(encode_sorted(_plan_as_written(package, plan, reused)))
-    records = _doit_records(cache, ("assemble", "render", "publish"))
+    records = cache.doit_records(("assemble", "render", "publish"))
     stamp = _current_stamp()
     plan_path, case_path, summary_path = str(cache.plan), str(cache.case_json), str(cache.summary)
     case_bytes = _cached_bytes(cache.case_json, PUBLISHED_CASE_CEILING) if cache.case_json.exists() else None
@@ -323,9 +286,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     summary_bytes = _cached_bytes(cache.summary, PUBLISHED_SUMMARY_CEILING) if cache.summary.exists() else None
     summary_state = _file_state(summary_bytes) if summary_bytes is not None else None
     restored_case = False
+    summary_cut = records is not None and _not_as_written(records.get("render"), summary_state)
     if records is None:
         # doit's record unreadable: judge by the cached plan file alone.
-        plan_changed = same_inputs and cached_plan != _plan_as_written(package, plan, reused)
+        plan_changed = same_inputs and not plan_unreadable and cached_plan != _plan_as_written(package, plan, reused)
         assemble_why = "plan" if plan_changed else None
         render_why = None
         publish_why = "plan" if plan_changed else None
@@ -338,6 +302,9 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             case_state = _restored_state(records, case_path, records["assemble"]["_values_:"][OUTPUT_DIGEST])
             restored_case = True
         render_why = _rerun_reason(records.get("render"), stamp, {case_path: case_state})
+        if summary_cut and render_why is None:
+            # Likewise render, from the case it last rendered.
+            summary_state = _restored_state(records, summary_path, records["render"]["_values_:"][OUTPUT_DIGEST])
         publish_why = _rerun_reason(records.get("publish"), None, {plan_path: plan_state, case_path: case_state, summary_path: summary_state})
     reasons = {
         plan_path: "same inputs, but the plan changed since it last ran (other limits in force, or a build stopped after planning)",
@@ -345,7 +312,6 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         summary_path: "the cached summary changed since it last ran",
         "plan": "same inputs, but the plan changed since the last build (other limits in force)",
     }
-    summary_cut = records is not None and _not_as_written(records.get("render"), summary_state)
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))
     elif restored_case or (records is not None and _not_as_written(records.get("assemble"), case_state)):

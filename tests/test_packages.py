@@ -134,6 +134,41 @@ def test_files_into_one_folder_are_each_fsynced_before_their_link_and_the_folder
     assert snapshot(pkg.content_dir / "case/revisions/0002") == {name.rpartition("/")[2]: data for name, data in files.items()}
 
 
+def test_a_retry_after_a_failed_publication_makes_what_it_left_durable_before_the_manifest(pkg, monkeypatch):
+    """The first attempt fails on its second file after linking the first
+    (the disk full): nothing it made was fsynced past that file. The retry
+    adopts what it left, and fsyncs the folder and every folder above it
+    before the manifest names them."""
+    events = []
+    real_fsync, real_link = os.fsync, os.link
+    failing = {"case_summary.md": True}
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def link(src, dst, *args, **kwargs):
+        if failing.pop(dst, False):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        events.append(("link", dst))
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    files = {f"case/revisions/0002/{name}": name.encode() * 100 for name in ("case.json", "case_summary.md")}
+    with pytest.raises(VianoError) as failed:
+        PackageWriter(pkg).publish(1, files)
+    assert failed.value.code in {"IO_ERROR", "INSUFFICIENT_DISK"}
+    events.clear()
+    PackageWriter(pkg).publish(1, files)
+    manifest_link = events.index(("link", "000002.json"))
+    synced = {path for kind, path in events[:manifest_link] if kind == "fsync"}
+    content = pkg.content_dir
+    for folder in ("case/revisions/0002", "case/revisions", "case", ""):
+        assert os.path.normpath(os.fspath(content / folder)) in synced, folder
+    assert pkg.manifest()["files"]["case/revisions/0002/case.json"]["size"] == len(files["case/revisions/0002/case.json"])
+
+
 def test_stale_expected_generation_writes_nothing(pkg):
     before = snapshot(pkg.dir)
     for expected in (0, 2, 5):

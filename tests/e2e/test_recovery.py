@@ -343,6 +343,23 @@ def test_a_cache_record_cut_short_before_publication_is_made_again_never_publish
     assert again.returncode == 0 and ".  assemble" not in again.stderr and ".  render" not in again.stderr, again.stderr
 
 
+def test_publish_run_on_its_own_refuses_a_cached_output_its_step_did_not_write(tmp_path):
+    """``doit -s publish`` skips the steps before it, and with them their
+    check of the cached outputs: publish checks them itself."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("render", "case=c1", workspace=ws).returncode == 0
+    summary = ws / ".cache" / "c1" / "out" / "case_summary.md"
+    kept = summary.read_bytes()
+    summary.write_bytes(kept[:100])
+    before = kit.tree_digest(ws / "cases")
+    alone = kit.doit("-s", "publish", "case=c1", workspace=ws)
+    assert "INTEGRITY_ERROR: the cached case_summary.md is not the one render wrote" in _one_line_error(alone, "INTEGRITY_ERROR")
+    assert kit.tree_digest(ws / "cases") == before
+    summary.write_bytes(kept)  # the bytes render wrote: publish takes them
+    assert kit.doit("-s", "publish", "case=c1", workspace=ws).returncode == 0
+    assert (kit.package_dir(ws, "c1") / "content/case/revisions/0001/case_summary.md").read_bytes() == kept
+
+
 def _appended_and_rendered(root: Path, *, publish: bool) -> Path:
     """Revision 2 of c1 after a reopen and an append of one report, built up
     to render (``publish``: the whole build), so that its cache holds every
@@ -1103,7 +1120,9 @@ def _set_recorded_stamp(ws: Path, stamp: str) -> None:
     "build:validate-index", "build:assemble", "build:after-publish", "build:after-confirm",  # a build killed there
     "limits raised", "limits raised, killed after planning", "limits raised, validate_index alone",
     "another builder version",
-    "render, then the summary cut", "render, then the case cut", "built, then the case cut",  # a power loss
+    # a power loss that cut a cache file short
+    "render, then the summary cut", "render, then the case cut", "render, then the plan cut",
+    "built, then the summary cut", "built, then the case cut", "built, then the plan cut",
 ])
 def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_runs(tmp_path, before):
     """doit reruns a chain task when the files it depends on (the plan, the
@@ -1119,7 +1138,8 @@ def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_run
     else:
         assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     if before.endswith(" cut"):
-        cut = ws / ".cache" / "c1" / "out" / ("case_summary.md" if "summary" in before else "case.json")
+        cache = ws / ".cache" / "c1"
+        cut = {"summary": cache / "out/case_summary.md", "case": cache / "out/case.json", "plan": cache / "plan.json"}[before.split()[-2]]
         cut.write_bytes(cut.read_bytes()[:100])
     if before.startswith("limits raised"):
         (ws / "limits.json").write_text(json.dumps({"format": "viano-workspace-limits", "format_version": 1,
