@@ -66,9 +66,21 @@ _WRITTEN: dict[str, tuple[tuple, bytes]] = {}
 _WRITTEN_GUARD = threading.Lock()  # builds of other cases may run in other threads
 
 
+# The outputs this process wrote, by path: (file version, sha256). Unlike
+# _WRITTEN it holds no bytes, so it keeps every case's (bounded): a build
+# that publishes checks what it did not write itself (_check_outputs_as_written).
+_WRITTEN_VERSIONS: dict[str, tuple[tuple, str]] = {}
+_WRITTEN_VERSIONS_LIMIT = 256
+
+
 def _write_output(cache: BuildCache, path: Path, data: bytes) -> None:
     cache.write(path, data, flush_on_replace=False)
     version = remember_file_digest(path, data)
+    with _WRITTEN_GUARD:
+        _WRITTEN_VERSIONS.pop(os.fspath(path), None)
+        _WRITTEN_VERSIONS[os.fspath(path)] = (version, sha256_hex(data))
+        for stale in list(_WRITTEN_VERSIONS)[: max(0, len(_WRITTEN_VERSIONS) - _WRITTEN_VERSIONS_LIMIT)]:
+            del _WRITTEN_VERSIONS[stale]
     # Only the run's own outputs are held: a process that builds case after
     # case (CaseBuilder) keeps those of one case directory at a time.
     with _WRITTEN_GUARD:
@@ -1346,34 +1358,54 @@ def step_publish(workspace_root, case_id) -> BuildResult:
 
 
 def _check_outputs_as_written(cache: BuildCache, case_bytes: bytes, summary_bytes: bytes) -> None:
-    """Publish only the very outputs assemble and render wrote. In a build
-    they are the bytes this process wrote, or doit has just checked them
-    against the digests those steps recorded (``output_as_written``); a
-    publish run on its own (``doit -s publish``) reads them from the cache,
-    where a power loss may have cut them short: checked against the same
-    records here. Refused, nothing is written; ``doit build`` makes them again."""
-    from .doitcli import OUTPUT_DIGEST
+    """Publish only outputs that assemble made from this plan and render from
+    this case, with this builder's code. In a build they are the bytes this
+    process wrote, or doit has just checked them against what those steps
+    recorded; a publish run on its own (``doit -s publish``) reads them from
+    the cache, where a power loss may have cut them short and an earlier
+    run may have left another revision's: checked against the same records
+    here. Refused, nothing is written; ``doit build`` makes them again."""
+    from doit.tools import config_changed
 
-    unsure = [(path, task, data) for path, task, data in ((cache.case_json, "assemble", case_bytes), (cache.summary, "render", summary_bytes))
-              if not _written_here(path, data)]
+    from .doitcli import OUTPUT_DIGEST, chain_stamp
+
+    case_state = [len(case_bytes), sha256_hex(case_bytes)]
+    # What each output must have been made from, as doit recorded the step's
+    # last run: the case from this plan, the summary from this case.
+    unsure = []
+    if not _written_here(cache.case_json, case_bytes):
+        plan_bytes = cache.read_bytes(cache.plan)
+        unsure.append((cache.case_json, "assemble", case_state[1], str(cache.plan), [len(plan_bytes), sha256_hex(plan_bytes)]))
+    if not _written_here(cache.summary, summary_bytes):
+        unsure.append((cache.summary, "render", sha256_hex(summary_bytes), str(cache.case_json), case_state))
     if not unsure:
         return
-    records = cache.doit_records(tuple(task for _, task, _ in unsure)) or {}
-    for path, task, data in unsure:
-        values = (records.get(task) or {}).get("_values_:")
-        if not (isinstance(values, dict) and values.get(OUTPUT_DIGEST) == sha256_hex(data)):
-            raise CaseBuildError("INTEGRITY_ERROR", f"the cached {path.name} is not the one {task} wrote (cut short by a crash, "
-                                                    "or changed since); run `doit build`, which makes it again", path=path.name)
+    records = cache.doit_records(tuple(task for _, task, *_ in unsure)) or {}
+    calc_digest = getattr(config_changed(chain_stamp()), "_calc_digest", None)  # how doit 0.36-0.37 stamp
+    stamp = calc_digest() if callable(calc_digest) else None
+    for path, task, digest, source, source_state in unsure:
+        record = records.get(task) or {}
+        values = record.get("_values_:")
+        if not (
+            isinstance(values, dict)
+            and values.get(OUTPUT_DIGEST) == digest
+            and (stamp is None or values.get("_config_changed") == stamp)
+            and record.get(source) == source_state
+        ):
+            raise CaseBuildError("INTEGRITY_ERROR", f"the cached {path.name} is not the one {task} made from the build's "
+                                                    f"{'plan' if task == 'assemble' else 'case'} (cut short by a crash, changed since, "
+                                                    "or from another build); run `doit build`, which makes it again", path=path.name)
 
 
 def _written_here(path: Path, data: bytes) -> bool:
-    """Whether ``data`` is the very output this process wrote to ``path``, still there."""
+    """Whether ``data`` is the output this process wrote to ``path``, still there
+    (also when other cases' builds ran in other threads meanwhile)."""
     with _WRITTEN_GUARD:
-        held = _WRITTEN.get(os.fspath(path))
-    if held is None or held[1] is not data:
+        held = _WRITTEN_VERSIONS.get(os.fspath(path))
+    if held is None:
         return False
     try:
-        return file_version(path) == held[0]
+        return file_version(path) == held[0] and sha256_hex(data) == held[1]
     except OSError:
         return False
 

@@ -1166,21 +1166,30 @@ class PackageWriter:
             unsure = {relpath.rpartition("/")[0] for relpath in adopted}
             known_folders = None
             for parent, members in folders.items():
-                if parent:
-                    dir_fd, created_in = makedirs_nofollow(content_fd, parent)
-                else:
-                    dir_fd, created_in = os.dup(content_fd), []
+                try:
+                    if parent:
+                        dir_fd, created_in = makedirs_nofollow(content_fd, parent)
+                    else:
+                        dir_fd, created_in = os.dup(content_fd), []
+                except OSError as exc:
+                    raise _io_error("making the folder", exc, parent or ".") from None
                 try:
                     for fd in created_in:  # the new directory entries, before anything is linked in them
                         try:
                             os.fsync(fd)
                         except OSError as exc:
                             raise _io_error("fsync of a new directory's parent", exc, members[0][0]) from None
-                    if parent and not created_in:
+                    # The folders on the way that were there already (the
+                    # ones made now are the path's last ones): the deepest,
+                    # if no manifest names anything in it, was made by a
+                    # failed attempt, and so may every folder above it.
+                    parts = parent.split("/") if parent else []
+                    if len(parts) > len(created_in):
+                        deepest = "/".join(parts[: len(parts) - len(created_in)])
                         if known_folders is None:
                             known_folders = _folders_of(base["files"])
-                        if parent not in known_folders:
-                            unsure.add(parent)  # no manifest names anything in it: made by a failed attempt
+                        if deepest not in known_folders:
+                            unsure.add(deepest)
                     for relpath, source in members:
                         name = relpath.rpartition("/")[2]
                         hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress, sync_folder=False)

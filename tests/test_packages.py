@@ -169,6 +169,38 @@ def test_a_retry_after_a_failed_publication_makes_what_it_left_durable_before_th
     assert pkg.manifest()["files"]["case/revisions/0002/case.json"]["size"] == len(files["case/revisions/0002/case.json"])
 
 
+def test_a_retry_after_a_folder_could_not_be_made_makes_the_folders_above_it_durable(pkg, monkeypatch):
+    """The first attempt made ``case`` and ``case/revisions`` and failed at
+    ``0002`` (the disk full): a coded error, and the folders it made were
+    never fsynced. The retry makes only ``0002``, and still fsyncs every
+    folder above it that no manifest names anything in before the manifest."""
+    events = []
+    real_fsync, real_mkdir = os.fsync, os.mkdir
+    failing = {"0002": True}
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def mkdir(path, *args, **kwargs):
+        if failing.pop(path, False):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    files = {"case/revisions/0002/case.json": b"{}"}
+    with pytest.raises(VianoError) as failed:
+        PackageWriter(pkg).publish(1, files)
+    assert failed.value.code in {"IO_ERROR", "INSUFFICIENT_DISK"}
+    events.clear()
+    manifest = PackageWriter(pkg).publish(1, files)
+    assert manifest["package_generation"] == 2
+    synced = {path for kind, path in events if kind == "fsync"}
+    for folder in ("case/revisions/0002", "case/revisions", "case", ""):
+        assert os.path.normpath(os.fspath(pkg.content_dir / folder)) in synced, folder
+
+
 def test_stale_expected_generation_writes_nothing(pkg):
     before = snapshot(pkg.dir)
     for expected in (0, 2, 5):

@@ -353,11 +353,65 @@ def test_publish_run_on_its_own_refuses_a_cached_output_its_step_did_not_write(t
     summary.write_bytes(kept[:100])
     before = kit.tree_digest(ws / "cases")
     alone = kit.doit("-s", "publish", "case=c1", workspace=ws)
-    assert "INTEGRITY_ERROR: the cached case_summary.md is not the one render wrote" in _one_line_error(alone, "INTEGRITY_ERROR")
+    assert "INTEGRITY_ERROR: the cached case_summary.md is not the one render made from the build's case" in _one_line_error(alone, "INTEGRITY_ERROR")
     assert kit.tree_digest(ws / "cases") == before
     summary.write_bytes(kept)  # the bytes render wrote: publish takes them
     assert kit.doit("-s", "publish", "case=c1", workspace=ws).returncode == 0
     assert (kit.package_dir(ws, "c1") / "content/case/revisions/0001/case_summary.md").read_bytes() == kept
+
+
+@pytest.mark.parametrize("stopped_after, stale", [("assemble", "case_summary.md"), ("validate_index", "case.json")])
+def test_publish_run_on_its_own_refuses_outputs_of_an_earlier_build(tmp_path, stopped_after, stale):
+    """After an append, a build stopped before render (or before assemble)
+    leaves the previous revision's summary (or case) in the cache: intact,
+    but not made from this build's case (or plan)."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+    assert kit.doit("append", "case=c1", f"source={_report_append(tmp_path, 'extra', [])}", workspace=ws).returncode == 0
+    assert kit.doit(stopped_after, "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws / "cases")
+    alone = kit.doit("-s", "publish", "case=c1", workspace=ws)
+    assert f"INTEGRITY_ERROR: the cached {stale} is not the one" in _one_line_error(alone, "INTEGRITY_ERROR")
+    assert kit.tree_digest(ws / "cases") == before
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    clean = _appended_and_rendered(tmp_path / "clean", publish=True)
+    for name in ("case.json", "case_summary.md", "case-built.json"):
+        relpath = f"content/case/revisions/0002/{name}"
+        assert (kit.package_dir(ws, "c1") / relpath).read_bytes() == (kit.package_dir(clean, "c1") / relpath).read_bytes(), name
+
+
+def test_threaded_api_builds_of_two_cases_each_publish_what_they_wrote(tmp_path):
+    """Builds of two cases in two threads of one process (the Python API):
+    each one's publish recognises the outputs it wrote, whatever the other
+    wrote meanwhile."""
+    import threading
+
+    from pipeline import build as build_module
+
+    ws = tmp_path / "ws"
+    for case in ("c1", "c2"):
+        source = standard_package(tmp_path / f"src-{case}")
+        assert kit.doit("admit", f"case={case}", f"source={source}", workspace=ws).returncode == 0
+    store = CheckpointStore(Workspace(ws))
+    real_render = build_module.step_render
+    other = {}
+
+    def render_then_let_the_other_case_build(root, case_id):
+        real_render(root, case_id)
+        if case_id == "c1":  # c2 writes its outputs between c1's render and c1's publish
+            thread = threading.Thread(target=lambda: other.setdefault("c2", CaseBuilder(CheckpointStore(Workspace(ws))).build("c2")))
+            thread.start()
+            thread.join()
+
+    try:
+        build_module.step_render = render_then_let_the_other_case_build
+        first = CaseBuilder(store).build("c1")
+    finally:
+        build_module.step_render = real_render
+        store.close()
+    assert first["status"] == "published" and other["c2"]["status"] == "published"
 
 
 def _appended_and_rendered(root: Path, *, publish: bool) -> Path:
