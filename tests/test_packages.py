@@ -96,6 +96,36 @@ def test_manifest_is_a_copy(pkg):
     assert pkg.manifest()["files"]
 
 
+def _record_syncs_and_links(monkeypatch, *, fail: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+    """Record each ``os.fsync`` (the path of its descriptor) and ``os.link``
+    (the new name), in order. ``fail``: (``"link"`` or ``"mkdir"``, name) fails
+    that call once with ENOSPC, as a full disk would."""
+    events: list[tuple[str, str]] = []
+    failing = {fail} if fail else set()
+    real = {name: getattr(os, name) for name in ("fsync", "link", "mkdir")}
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real["fsync"](fd)
+
+    def link(src, dst, *args, **kwargs):
+        if ("link", dst) in failing:
+            failing.discard(("link", dst))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        events.append(("link", dst))
+        return real["link"](src, dst, *args, **kwargs)
+
+    def mkdir(path, *args, **kwargs):
+        if ("mkdir", path) in failing:
+            failing.discard(("mkdir", path))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real["mkdir"](path, *args, **kwargs)
+
+    for name, replacement in (("fsync", fsync), ("link", link), ("mkdir", mkdir)):
+        monkeypatch.setattr(os, name, replacement)
+    return events
+
+
 def test_manifest_without_a_copy_is_the_kept_one_and_a_copy_is_not(pkg):
     kept = pkg.manifest(1, copy=False)
     assert pkg.manifest(1, copy=False) is kept
@@ -107,19 +137,7 @@ def test_files_into_one_folder_are_each_fsynced_before_their_link_and_the_folder
     """Three outputs into one new folder (what a build publishes): each file is
     durable before its name appears, the folder once after its last name and
     before the manifest that names them, and the new folder's parent too."""
-    events = []
-    real_fsync, real_link = os.fsync, os.link
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def link(src, dst, *args, **kwargs):
-        events.append(("link", dst))
-        return real_link(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "link", link)
+    events = _record_syncs_and_links(monkeypatch)
     files = {f"case/revisions/0002/{name}": name.encode() * 100 for name in ("case.json", "case_summary.md", "case-built.json")}
     PackageWriter(pkg).publish(1, files)
     folder = os.fspath(pkg.content_dir / "case/revisions/0002")
@@ -139,22 +157,7 @@ def test_a_retry_after_a_failed_publication_makes_what_it_left_durable_before_th
     (the disk full): nothing it made was fsynced past that file. The retry
     adopts what it left, and fsyncs the folder and every folder above it
     before the manifest names them."""
-    events = []
-    real_fsync, real_link = os.fsync, os.link
-    failing = {"case_summary.md": True}
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def link(src, dst, *args, **kwargs):
-        if failing.pop(dst, False):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        events.append(("link", dst))
-        return real_link(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "link", link)
+    events = _record_syncs_and_links(monkeypatch, fail=("link", "case_summary.md"))
     files = {f"case/revisions/0002/{name}": name.encode() * 100 for name in ("case.json", "case_summary.md")}
     with pytest.raises(VianoError) as failed:
         PackageWriter(pkg).publish(1, files)
@@ -174,21 +177,7 @@ def test_a_retry_after_a_folder_could_not_be_made_makes_the_folders_above_it_dur
     ``0002`` (the disk full): a coded error, and the folders it made were
     never fsynced. The retry makes only ``0002``, and still fsyncs every
     folder above it that no manifest names anything in before the manifest."""
-    events = []
-    real_fsync, real_mkdir = os.fsync, os.mkdir
-    failing = {"0002": True}
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def mkdir(path, *args, **kwargs):
-        if failing.pop(path, False):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        return real_mkdir(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "mkdir", mkdir)
+    events = _record_syncs_and_links(monkeypatch, fail=("mkdir", "0002"))
     files = {"case/revisions/0002/case.json": b"{}"}
     with pytest.raises(VianoError) as failed:
         PackageWriter(pkg).publish(1, files)
