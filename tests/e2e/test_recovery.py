@@ -394,14 +394,14 @@ def test_threaded_api_builds_of_two_cases_each_publish_what_they_wrote(tmp_path)
     for case in ("c1", "c2"):
         source = standard_package(tmp_path / f"src-{case}")
         assert kit.doit("admit", f"case={case}", f"source={source}", workspace=ws).returncode == 0
-    store = CheckpointStore(Workspace(ws))
+    store, other_store = CheckpointStore(Workspace(ws)), CheckpointStore(Workspace(ws))
     real_render = build_module.step_render
     other = {}
 
     def render_then_let_the_other_case_build(root, case_id):
         real_render(root, case_id)
         if case_id == "c1":  # c2 writes its outputs between c1's render and c1's publish
-            thread = threading.Thread(target=lambda: other.setdefault("c2", CaseBuilder(CheckpointStore(Workspace(ws))).build("c2")))
+            thread = threading.Thread(target=lambda: other.setdefault("c2", CaseBuilder(other_store).build("c2")))
             thread.start()
             thread.join()
 
@@ -411,6 +411,7 @@ def test_threaded_api_builds_of_two_cases_each_publish_what_they_wrote(tmp_path)
     finally:
         build_module.step_render = real_render
         store.close()
+        other_store.close()
     assert first["status"] == "published" and other["c2"]["status"] == "published"
 
 
