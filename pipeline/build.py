@@ -25,7 +25,7 @@ from . import BUILDER_VERSION
 from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError, coded_io_error, one_line
 from .doitcli import digest_of_version, file_version, remember_file_digest
-from .jsoncanon import decode_strict, pretty_bytes, sha256_hex
+from .jsoncanon import decode_strict, encode_sorted, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .plan import check_limits, make_plan, raise_hint, step_id_for
 
@@ -393,15 +393,13 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                 stamps = read_content_stamps(cache)
                 recorded = dict(stamps)
                 content_dir = os.fspath(package.content_dir)
-                if record.state in ("BUILDING_CASE", "COMPLETED") and _cached_plan_key(cache) == key and cache.plan.exists():
+                cached_state = _cached_store_state(cache)
+                if record.state in ("BUILDING_CASE", "COMPLETED") and cached_state.get("plan_key") == key and cache.plan.exists():
                     # Nothing the plan derives from changed: same builder code, same
                     # store record, byte-identical snapshot manifest (which pins every
                     # input's sha256). Re-planning would read the same immutable bytes,
                     # unless one of them was damaged since it was last read.
-                    try:
-                        plan = cache.read_json(cache.plan)
-                    except IntegrityError:
-                        plan = None  # cut short (a power loss) or damaged: planned again below
+                    plan = _cached_plan(cache, cached_state.get("plan_sha256"))
                     prior = plan["prior_case"] if plan is not None else None
                     if plan is not None and not _forget_changed_content(cache, content_dir, plan, stamps) and (
                         prior is None or cache.prior_view(prior["path"], prior["sha256"]).exists()
@@ -441,13 +439,15 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
                 _forget_changed_content(cache, content_dir, plan, stamps)
                 _keep_content_stamps(cache, plan, stamps, recorded)
-                cache.write_json(cache.plan, plan)
+                plan_bytes = encode_sorted(plan)
+                cache.write(cache.plan, plan_bytes)
                 # Kept apart from the plan: it changes with every publication, and the
                 # plan is a file_dep of assemble, which must not rerun for that.
                 record = store.get(case_id)
                 cache.write_json(
                     cache.store_state,
-                    {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": reuse},
+                    {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": reuse,
+                     "plan_sha256": sha256_hex(plan_bytes)},
                 )
     finally:
         store.close()
@@ -574,11 +574,28 @@ def _plan_key(package, record, limits: CaseBuilderLimits) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _cached_plan_key(cache: BuildCache) -> str | None:
+def _cached_store_state(cache: BuildCache) -> dict:
     try:
-        return cache.read_json(cache.store_state).get("plan_key")
+        state = cache.read_json(cache.store_state)
+    except (OSError, ValueError, VianoError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def _cached_plan(cache: BuildCache, expected_sha256) -> dict | None:
+    """The cached plan, if it is the one the store state beside it was written
+    with. Both are renamed into place without an fsync, and a filesystem that
+    does not keep the order of renames can lose the plan's rename and keep the
+    store state's after a power loss: an earlier build's plan, whose own store
+    state said something else. None (plan again) for that, and for a plan cut
+    short or damaged."""
+    if not isinstance(expected_sha256, str):
+        return None
+    try:
+        plan = cache.read_json(cache.plan, sha256=expected_sha256)
     except (OSError, VianoError):
         return None
+    return plan if isinstance(plan, dict) else None
 
 
 def _confirmed_snapshot_generation(package, plan: dict) -> int:
@@ -1296,7 +1313,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
 
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan = cache.read_json(cache.plan)
+    plan, plan_sha256 = cache.read_json_and_sha256(cache.plan)
     case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])
     summary_bytes = _read_output(cache, cache.summary, plan["limits"]["summary_bytes"])
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
@@ -1338,7 +1355,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
                     path: [len(data), sha256_hex(data)]
                     for path, data in ((outputs["case"], case_bytes), (outputs["case_summary"], summary_bytes), (outputs["case_built"], built_bytes))
                 }
-                _plan_stays_current(cache, package, store.get(case_id), plan)
+                _plan_stays_current(cache, package, store.get(case_id), plan, plan_sha256)
         finally:
             store.close()
     try:
@@ -1410,7 +1427,7 @@ def _written_here(path: Path, data: bytes) -> bool:
         return False
 
 
-def _plan_stays_current(cache: BuildCache, package, record, plan: dict) -> None:
+def _plan_stays_current(cache: BuildCache, package, record, plan: dict, plan_sha256: str) -> None:
     """Record that the plan is current for the store as publication left it.
 
     Planning again now would give the very same plan (generated outputs are
@@ -1425,7 +1442,8 @@ def _plan_stays_current(cache: BuildCache, package, record, plan: dict) -> None:
         limits = CaseBuilderLimits(**plan["limits"])
         cache.write_json(
             cache.store_state,
-            {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": True},
+            {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": True,
+             "plan_sha256": plan_sha256},
         )
     except (OSError, VianoError, TypeError):
         pass  # the record left by planning names the old generation: planning runs again

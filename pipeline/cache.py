@@ -288,9 +288,11 @@ class BuildCache:
 
         self.write(path, msgspec.json.encode(value))
 
-    def read_json(self, path: Path):
+    def read_json(self, path: Path, *, sha256: str | None = None):
         """Read one record we wrote ourselves (plain decoding: the strict reader's
         duplicate-key and number checks guard untrusted input, not our cache).
+        With ``sha256``, a record whose bytes do not have it is an
+        ``IntegrityError`` (another build's record, or one cut short).
 
         Through msgspec once something has imported it (every step but a
         no-op's validate_index has), else the stdlib: a rebuild reads the
@@ -300,7 +302,22 @@ class BuildCache:
         holds the two together), and both refuse a damaged record with a
         ``ValueError``."""
         msgspec = sys.modules.get("msgspec")
-        return self._read(path, json.loads if msgspec is None else msgspec.json.decode)
+        decode = json.loads if msgspec is None else msgspec.json.decode
+        if sha256 is None:
+            return self._read(path, decode)
+
+        def decode_if_same(data: bytes):
+            if hashlib.sha256(data).hexdigest() != sha256:
+                raise IntegrityError("INTEGRITY_ERROR", "cache record is not the one expected", path=path.name)
+            return decode(data)
+
+        return self._read(path, decode_if_same)
+
+    def read_json_and_sha256(self, path: Path) -> tuple:
+        """:meth:`read_json`, with the sha256 of the bytes it decoded."""
+        msgspec = sys.modules.get("msgspec")
+        decode = json.loads if msgspec is None else msgspec.json.decode
+        return self._read(path, lambda data: (decode(data), hashlib.sha256(data).hexdigest()))
 
     def read_bytes(self, path: Path, limit: int | None = None) -> bytes:
         """One record's bytes, bounded like every record read (or by ``limit``

@@ -577,3 +577,17 @@ def test_a_misspelled_variable_changes_nothing_anywhere(tmp_path):
         "INVALID_ARGUMENT: unknown variable 'worksapce' (the variables are by, case, dest, reason, source, workspace)"
     ]
     assert list(tmp_path.iterdir()) == []  # no ./service-data, no ws
+
+
+def test_a_record_read_with_its_expected_sha256_refuses_other_bytes(tmp_path):
+    import hashlib
+
+    cache = BuildCache(tmp_path / "cache")
+    cache.write_json(cache.plan, {"step": 1})
+    written = hashlib.sha256(cache.plan.read_bytes()).hexdigest()
+    assert cache.read_json(cache.plan, sha256=written) == {"step": 1}
+    cache.write_json(cache.plan, {"step": 2})  # an equally valid record, not the expected one
+    with pytest.raises(VianoError) as refused:
+        cache.read_json(cache.plan, sha256=written)
+    assert refused.value.code == "INTEGRITY_ERROR"
+    assert cache.read_json(cache.plan) == {"step": 2}

@@ -343,6 +343,38 @@ def test_a_cache_record_cut_short_before_publication_is_made_again_never_publish
     assert again.returncode == 0 and ".  assemble" not in again.stderr and ".  render" not in again.stderr, again.stderr
 
 
+def test_a_plan_older_than_the_store_state_beside_it_is_planned_again(tmp_path):
+    """The plan and the store state are renamed into the cache one after the
+    other without an fsync. On a filesystem that does not keep the order of
+    renames, a power loss can keep the new store state (whose plan key says
+    "nothing changed") beside the plan of an earlier build. That plan must not
+    be taken: the build plans again and publishes what a clean build does."""
+    def reopened_and_appended(ws: Path) -> None:
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+        assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+        appended = kit.doit("append", "case=c1", f"source={_report_append(ws.parent, 'r9', ['original/report-a.json'])}", workspace=ws)
+        assert appended.returncode == 0, appended.stderr
+
+    clean = _admitted(tmp_path / "clean")
+    reopened_and_appended(clean)
+    assert kit.doit("build", "case=c1", workspace=clean).returncode == 0
+    ws = _admitted(tmp_path / "lost")
+    reopened_and_appended(ws)
+    plan = ws / ".cache" / "c1" / "plan.json"
+    earlier_plan = plan.read_bytes()  # revision 1's, the one the build above wrote
+    planned = kit.doit("validate_index", "case=c1", workspace=ws)
+    assert planned.returncode == 0, planned.stderr
+    assert plan.read_bytes() != earlier_plan
+    plan.write_bytes(earlier_plan)  # the new store state survived; the new plan did not
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "revision 2" in rebuilt.stdout and ".  assemble" in rebuilt.stderr, rebuilt.stdout + rebuilt.stderr
+    for name in ("case.json", "case_summary.md", "case-built.json"):
+        relpath = f"content/case/revisions/0002/{name}"
+        assert (kit.package_dir(ws, "c1") / relpath).read_bytes() == (kit.package_dir(clean, "c1") / relpath).read_bytes(), name
+    assert len(kit.manifests(ws, "c1")) == len(kit.manifests(clean, "c1"))
+
+
 def test_publish_run_on_its_own_refuses_a_cached_output_its_step_did_not_write(tmp_path):
     """``doit -s publish`` skips the steps before it, and with them their
     check of the cached outputs: publish checks them itself."""
