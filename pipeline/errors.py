@@ -30,6 +30,7 @@ ERROR_CODES: dict[str, str] = {
     "CASE_EXISTS": "a case with this id was already admitted",
     "SOURCE_NOT_FOUND": "the source path does not exist",
     "SOURCE_SPECIAL_FILE": "the source, or a file of a directory source, is a symlink, device, FIFO or socket",
+    "SOURCE_CHANGED": "a file of a directory source changed (size or modification time) while it was admitted or appended",
     "INSUFFICIENT_DISK": "not enough free disk space for the admission",
     "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed",
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",

@@ -225,6 +225,7 @@ class _DirSource(_Source):
         self.fd = root_fd
         self.label = label
         self.files = {}
+        self._mtimes: dict[str, int] = {}
         self._limits = limits
         self._registry = NameRegistry("SOURCE_NAME_COLLISION", "SOURCE_NAME_COLLISION")
         self._count = 0
@@ -277,6 +278,7 @@ class _DirSource(_Source):
                         "LIMIT_EXCEEDED", f"source holds more than {self._limits.max_total_bytes} bytes", rel
                     )
                 self.files[rel] = st.st_size
+                self._mtimes[rel] = st.st_mtime_ns
 
     def _parent_fd(self, parent: str) -> int:
         """Descriptor of directory ``parent`` (relative), opened component by component without following symlinks.
@@ -350,9 +352,25 @@ class _DirSource(_Source):
         """
         fd = self._open_file(relpath)
         try:
-            return _pipelined_copy(fd, out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
+            sha, size = _pipelined_copy(fd, out_fd, relpath, limits.max_entry_bytes, progress, total, ring)
+            self._check_unchanged(fd, relpath, size)
+            return sha, size
         finally:
             os.close(fd)
+
+    def _check_unchanged(self, fd: int, relpath: str, copied: int) -> None:
+        """The file must be as the walk found it, to the end of its copy.
+
+        The hash is the stored bytes' whatever happens, but a file written
+        to meanwhile (a log still being written, a package copied in while
+        admitted) gives a copy that is neither its old version nor its new
+        one: a shrunk file read past its new end left a prefix of it, which
+        was admitted as the file. Its size and modification time, from the
+        walk to the end of the copy, and the bytes copied tell (a change
+        that keeps both, within one timestamp tick or forged, is not seen)."""
+        st = os.fstat(fd)
+        if copied != st.st_size or (st.st_size, st.st_mtime_ns) != (self.files[relpath], self._mtimes[relpath]):
+            raise _source_error("SOURCE_CHANGED", "source file changed while it was admitted; admit it again once it is complete", relpath)
 
     def chunks(self, relpath: str, limits: ZipLimits) -> Iterator[memoryview]:
         """Read into two alternating buffers, for the small files :func:`_stage_files` copies itself."""
@@ -369,6 +387,7 @@ class _DirSource(_Source):
             while True:
                 n = os.readv(fd, [buffers[k]])
                 if n == 0:
+                    self._check_unchanged(fd, relpath, total)
                     return
                 total += n
                 if total > limits.max_entry_bytes:

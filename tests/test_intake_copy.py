@@ -213,8 +213,21 @@ def _on_first_progress(action):
     return progress
 
 
-def test_file_shrinking_during_copy_records_what_was_stored(tmp_path, mode):
-    """Truncated after the first chunk: the reader is at most a ring ahead, so it sees the new end."""
+def _refused_as_changed(tmp_path: Path, ws: Path, src: Path, progress) -> None:
+    """Admitting ``src`` is SOURCE_CHANGED naming the file, and leaves ``ws`` as it was."""
+    intake.admit(ws, "other", _package(tmp_path / "other", b"x" * 10), progress=QUIET)
+    before = _tree(ws)
+    with pytest.raises(VianoError) as info:
+        intake.admit(ws, "c1", src, progress=progress)
+    assert info.value.code == "SOURCE_CHANGED" and info.value.path == REL, str(info.value)
+    assert _tree(ws) == before
+
+
+def test_file_shrinking_during_copy_is_refused_not_stored_cut(tmp_path, mode):
+    """Truncated after the first chunk: the reader is at most a ring ahead, so
+    it reads to the new end. What it copied is a prefix of the file that never
+    existed as such (the file was never that long): it used to be admitted as
+    the file, with that prefix's digest."""
     data = _data(24 * MiB)
     src = _package(tmp_path, data)
     cut = RING_BYTES + 2 * MiB + 77  # beyond what the ring can have read ahead, and not block-aligned
@@ -223,11 +236,10 @@ def test_file_shrinking_during_copy_records_what_was_stored(tmp_path, mode):
     def shrink():
         os.truncate(src / REL, cut)
 
-    manifest = intake.admit(mode, "c1", src, progress=_on_first_progress(shrink))
-    _assert_stored(mode, "c1", manifest, data[:cut])
+    _refused_as_changed(tmp_path, mode, src, _on_first_progress(shrink))
 
 
-def test_file_growing_during_copy_records_what_was_stored(tmp_path, mode):
+def test_file_growing_during_copy_is_refused(tmp_path, mode):
     data = _data(RING_BYTES + 4 * MiB)  # more than the ring reads ahead before the first progress
     extra = _data(2 * MiB + 5, seed=8)
     src = _package(tmp_path, data)
@@ -236,8 +248,39 @@ def test_file_growing_during_copy_records_what_was_stored(tmp_path, mode):
         with open(src / REL, "ab") as f:
             f.write(extra)
 
-    manifest = intake.admit(mode, "c1", src, progress=_on_first_progress(grow))
-    _assert_stored(mode, "c1", manifest, data + extra)
+    _refused_as_changed(tmp_path, mode, src, _on_first_progress(grow))
+
+
+def test_file_rewritten_in_place_during_copy_keeping_its_size_is_refused(tmp_path, mode):
+    """Same size, new bytes at the front (already copied): only the
+    modification time tells, and the copy is half old, half new."""
+    data = _data(RING_BYTES + 4 * MiB)
+    src = _package(tmp_path, data)
+
+    def rewrite():
+        with open(src / REL, "r+b") as f:
+            f.write(b"\0" * 4096)
+        stat_now = os.stat(src / REL)
+        os.utime(src / REL, ns=(stat_now.st_atime_ns, stat_now.st_mtime_ns + 1_000_000))  # past any timestamp tick
+
+    _refused_as_changed(tmp_path, mode, src, _on_first_progress(rewrite))
+
+
+def test_a_small_file_changed_after_the_walk_is_refused(tmp_path, monkeypatch):
+    """Small files are copied in one pass without the ring: a file grown
+    between the walk (which sized it for the limits and the free-disk check)
+    and its copy is refused too."""
+    src = _package(tmp_path, b"small\n")
+    walk = intake._DirSource._walk
+
+    def walk_then_grow(self, dir_fd, parts):
+        walk(self, dir_fd, parts)
+        if not parts:
+            with open(src / REL, "ab") as f:
+                f.write(b"more\n")
+
+    monkeypatch.setattr(intake._DirSource, "_walk", walk_then_grow)
+    _refused_as_changed(tmp_path, tmp_path / "ws", src, QUIET)
 
 
 def test_file_growing_beyond_the_limit_during_copy_is_refused(tmp_path, mode):
