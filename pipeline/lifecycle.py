@@ -363,7 +363,13 @@ class CheckpointStore:
                 raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store has schema version {row[0]!r}, expected {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # A COMMIT that failed for a full disk has rolled back already:
+            # a ROLLBACK then fails too ("no transaction is active"), and
+            # its error must not replace the one that says what happened.
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
             raise
 
     def _write(self, body, what: str):

@@ -655,3 +655,44 @@ LifecycleMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_lifecycle_state_machine = LifecycleMachine.TestCase
+
+
+_CREATE_UNDER_FILE_SIZE_LIMITS = r"""
+import json, os, resource, shutil, signal, sys
+from pipeline.errors import VianoError
+from pipeline.lifecycle import CheckpointStore
+from pipeline.workspace import Workspace
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit is then EFBIG, as a full disk is ENOSPC
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+base = sys.argv[1]
+outcomes = {}
+for limit in range(4096, 128 * 1024 + 1, 4096):
+    root = os.path.join(base, str(limit))
+    os.makedirs(root)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        CheckpointStore(Workspace(root)).close()
+        outcomes[limit] = "ok"
+    except VianoError as error:
+        outcomes[limit] = error.code
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_store_that_cannot_be_written_when_first_made_is_io_error_never_corrupt(tmp_path):
+    """Making a new store's schema, every write past a file size limit fails
+    (as on a full disk). A COMMIT that fails that way has rolled back already;
+    the ROLLBACK after it failed with "no transaction is active", which was
+    reported as INTEGRITY_ERROR ("corrupt or not ours"). Each limit, in a
+    real process of its own (file size limits are per process)."""
+    run = subprocess.run([sys.executable, "-c", _CREATE_UNDER_FILE_SIZE_LIMITS, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+    assert run.returncode == 0, run.stderr
+    outcomes = json.loads(run.stdout)
+    assert set(outcomes.values()) == {"IO_ERROR", "ok"}, outcomes
+    # Once a limit lets the store be made, every larger one does too.
+    first_ok = min(int(limit) for limit, outcome in outcomes.items() if outcome == "ok")
+    assert all(outcome == "ok" for limit, outcome in outcomes.items() if int(limit) >= first_ok), outcomes
