@@ -176,14 +176,19 @@ class OneLineReporter(ConsoleReporter):
     def add_failure(self, task, fail):
         message = getattr(fail, "message", "") or ""
         if _CODE_LINE.match(message):
-            self.failures.append({"task": task, "exception": fail, "viano": True})
-            self.write(message.splitlines()[0] + "\n")
+            self.failures.append({"task": task, "exception": fail, "viano": True, "line": message.splitlines()[0]})
         else:
             super().add_failure(task, fail)
 
     def complete_run(self):
+        # The code lines are written here, last: doit saves its dependency
+        # file between a failure and this call, and a save that fails (a
+        # full disk) warns on stderr, which must not follow the code line.
+        held = [f["line"] for f in self.failures if f.get("viano")]
         self.failures = [f for f in self.failures if not f.get("viano")]
         super().complete_run()
+        for line in held:
+            self.write(line + "\n")
 
 
 def subtask_name(path: str) -> str:

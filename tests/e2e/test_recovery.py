@@ -673,6 +673,20 @@ def test_a_finished_build_whose_dep_file_cannot_be_saved_still_succeeds(tmp_path
     assert len(kit.manifests(ws, "c1")) == generations  # repeats its checks, publishes nothing new
 
 
+def test_a_failed_build_whose_dep_file_cannot_be_saved_ends_with_its_code_line(tmp_path):
+    """The warning that doit's dependency file was not saved comes from
+    doit's final save, after a failed step has reported: the code line was
+    then followed by the warning. It is written last now, as the README says."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    (ws / "limits.json").write_text('{"format": "not-limits"}')
+    with _sqlite_held_by_another_process(ws / ".cache" / "c1" / "doit.sqlite3"):
+        failed = kit.doit("build", "case=c1", workspace=ws)
+    assert "warning: IO_ERROR: the build's dependency file was not saved" in failed.stderr, failed.stderr
+    line = _one_line_error(failed, "UNSUPPORTED_VERSION")
+    assert failed.stderr.splitlines()[-1] == line, failed.stderr
+
+
 def test_a_build_whose_cache_cannot_be_made_is_one_coded_line(tmp_path):
     ws = _admitted(tmp_path)
     shutil.rmtree(ws / ".cache", ignore_errors=True)
