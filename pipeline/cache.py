@@ -225,12 +225,15 @@ class BuildCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as error:
             # A full disk must not keep the half-written copy holding space.
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if isinstance(error, OSError) and error.filename is None:
+                # A failed write() names no file; the IO_ERROR line must.
+                error.filename = os.fspath(path)
             raise
         finally:
             with _IN_FLIGHT_GUARD:

@@ -591,3 +591,29 @@ def test_a_record_read_with_its_expected_sha256_refuses_other_bytes(tmp_path):
         cache.read_json(cache.plan, sha256=written)
     assert refused.value.code == "INTEGRITY_ERROR"
     assert cache.read_json(cache.plan) == {"step": 2}
+
+
+def test_a_record_write_that_fails_names_the_record(tmp_path):
+    """A full disk fails the write() itself, whose OSError names no file: the
+    build's IO_ERROR line named none ("IO_ERROR: No space left on device").
+    Here a file size limit fails it the same way, in a real process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource, signal, sys\n"
+        "from pipeline.cache import BuildCache\n"
+        "from pipeline.errors import coded_io_error\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "cache = BuildCache(sys.argv[1])\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "try:\n"
+        "    cache.write(cache.case_json, b'x' * 4096)\n"
+        "except OSError as error:\n"
+        "    print(coded_io_error(error))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cache")], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).parents[1])
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("IO_ERROR: ") and run.stdout.rstrip().endswith(f"({tmp_path / 'cache' / 'out' / 'case.json'})"), run.stdout
+    assert not list((tmp_path / "cache" / "out").iterdir())  # no temp left holding space
