@@ -396,11 +396,17 @@ class ParsedManifests:
         a command that fails leaves the workspace, cache included, as it was."""
         self.cache = cache
         self.keep_loaded = keep_loaded
+        self._damaged: set[str] = set()
 
     def get(self, sha256: str) -> dict | None:
         try:
             return self.cache.read_msgpack(self.cache.manifest_record(sha256), dict)
-        except (OSError, IntegrityError):
+        except OSError:
+            return None
+        except IntegrityError:
+            # Cut short by a power loss, say: written again by the put that
+            # follows the parse, or every later command would parse it again.
+            self._damaged.add(sha256)
             return None
 
     def put(self, sha256: str, manifest: dict, *, published: bool = False) -> None:
@@ -408,7 +414,8 @@ class ParsedManifests:
             return
         record = self.cache.manifest_record(sha256)
         try:
-            if not record.exists():
+            if sha256 in self._damaged or not record.exists():
                 self.cache.write_msgpack(record, manifest)
+                self._damaged.discard(sha256)
         except OSError:
             pass

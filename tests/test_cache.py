@@ -617,3 +617,20 @@ def test_a_record_write_that_fails_names_the_record(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("IO_ERROR: ") and run.stdout.rstrip().endswith(f"({tmp_path / 'cache' / 'out' / 'case.json'})"), run.stdout
     assert not list((tmp_path / "cache" / "out").iterdir())  # no temp left holding space
+
+
+def test_a_parsed_manifest_record_cut_short_is_written_again(tmp_path):
+    """A record cut short (a power loss) reads as absent; the parse that
+    follows must put it back whole, or every later command parses again."""
+    cache = BuildCache(tmp_path / "cache")
+    parsed = cache.parsed_manifests()
+    digest = "ab" * 32
+    manifest = {"package_generation": 3, "files": {"original/a.json": {"sha256": "cd" * 32, "size": 10}}}
+    parsed.put(digest, manifest)
+    record = cache.manifest_record(digest)
+    whole = record.read_bytes()
+    record.write_bytes(whole[: len(whole) // 3])
+    later = cache.parsed_manifests()  # the next command's
+    assert later.get(digest) is None
+    later.put(digest, manifest)
+    assert record.read_bytes() == whole and cache.parsed_manifests().get(digest) == manifest
