@@ -921,7 +921,14 @@ def test_page_cache_probe_tells_dropped_from_read_content(tmp_path):
     _big_file(path, 32 << 20)
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # DONTNEED is advice: a page still in another CPU's LRU batch, or
+        # under writeback, is skipped (seen once in a full run). Asked again
+        # a while later, the kernel drops it.
+        for _attempt in range(50):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if not packages._in_page_cache(fd, 32 << 20):
+                break
+            time.sleep(0.02)
         assert not packages._in_page_cache(fd, 32 << 20)
         while os.read(fd, 1 << 20):
             pass
