@@ -528,8 +528,6 @@ def _reopened_by(store, case_id: str, source: str, reason: str) -> bool:
 @_coded
 def cmd_export(case=None, dest=None, workspace=None) -> None:
     """Copy the current case.json, case_summary.md and manifest to ``dest``."""
-    from .packages import write_durable
-
     case_id, ws = _context(case, workspace)
     destination = user_path(_required(dest, "dest"))
     # Published outputs are read up to the largest any workspace may have
@@ -570,29 +568,95 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         "case_summary.md": package.read_verified(artifacts["case_summary"], PUBLISHED_SUMMARY_CEILING, manifest=manifest),
         "manifest.json": pretty_bytes(manifest),
     }
+    if destination.exists() and not destination.is_dir():
+        raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
+    if destination.is_symlink() and not destination.exists():
+        raise VianoError("INVALID_ARGUMENT", f"dest {dest} is a symbolic link to nothing")
+    try:
+        destination.mkdir(parents=True, exist_ok=True)
+        with _export_lock(destination, dest):
+            _write_export(destination, outputs)
+    except OSError as error:
+        raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
+    _out(
+        f"exported case {case_id} revision {manifest['analysis_revision']} "
+        f"(published at generation {manifest['package_generation']}) to {one_line(os.fspath(destination), 600)}"
+    )
+    if current["analysis_revision"] != manifest["analysis_revision"]:
+        _progress(
+            f"note: revision {current['analysis_revision']} has no case yet; "
+            f"this is the case of revision {manifest['analysis_revision']}"
+        )
+
+
+#: How long an export waits for another export to the same destination.
+EXPORT_LOCK_TIMEOUT = 30.0
+
+
+@contextlib.contextmanager
+def _export_lock(destination: Path, dest: str):
+    """Exports to one destination take turns: ``flock`` on the directory itself.
+
+    Without it, two exports of different revisions started together could
+    each find a file missing, and one find the other's ``case.json`` already
+    linked, take it for its own and add its own summary and manifest: a
+    mixed set, both reporting success. The lock is on the directory, so no
+    lock file is left in it; the kernel drops it when an export dies. Where
+    the filesystem has no ``flock`` for a directory (some network
+    filesystems), the export goes on uncoordinated, as it did before.
+    """
+    import fcntl
+    import time
+
+    fd = os.open(destination, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        started = time.monotonic()
+        noticed = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            except OSError:
+                break  # no flock here: uncoordinated, as documented
+            waited = time.monotonic() - started
+            if waited >= EXPORT_LOCK_TIMEOUT:
+                raise VianoError(
+                    "LOCK_TIMEOUT",
+                    f"another export to {one_line(dest, 600)} is still writing; gave up after {EXPORT_LOCK_TIMEOUT:g}s",
+                )
+            if not noticed and waited >= 1.0:
+                noticed = True
+                _progress(f"waiting for {one_line(dest, 600)}: another export is writing there")
+            time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_export(destination: Path, outputs: dict[str, bytes]) -> None:
+    """Write the export's files that are not there yet, never overwriting one."""
+    from .packages import write_durable
+
     written: list[Path] = []
     attempted: tuple[Path, bytes] | None = None
     try:
-        if destination.exists() and not destination.is_dir():
-            raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
-        if destination.is_symlink() and not destination.exists():
-            raise VianoError("INVALID_ARGUMENT", f"dest {dest} is a symbolic link to nothing")
         for name, data in outputs.items():
-            target = destination / name
-            if target.is_symlink() or (target.exists() and not target.is_file()):
-                raise CaseBuildError("CONTENT_CONFLICT", f"{target} is not a regular file; not overwritten")
-            if target.exists() and not _holds(target, data):
-                raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
-        destination.mkdir(parents=True, exist_ok=True)
+            _refuse_to_overwrite(destination / name, data)
         for name, data in outputs.items():
-            if not (destination / name).exists():
-                attempted = (destination / name, data)
-                write_durable(destination, name, data)
-                written.append(destination / name)
-                attempted = None
-    except BaseException as error:
+            # Checked again as each is written: something other than an
+            # export may have put a file there since.
+            if _refuse_to_overwrite(destination / name, data):
+                continue
+            attempted = (destination / name, data)
+            write_durable(destination, name, data)
+            written.append(destination / name)
+            attempted = None
+    except BaseException:
         # The three files are one export: a failure part way (a full disk)
-        # takes back what this run wrote, so none of a set is left alone.
+        # takes back what this run wrote, so none of a set is left alone;
+        # under the lock, so no other export takes one of them for its own.
         if attempted is not None:
             # A failure after its link (the directory's fsync) leaves it
             # there; a file another process put there meanwhile differs, or
@@ -604,18 +668,19 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         for path in written:
             with contextlib.suppress(OSError):
                 path.unlink()
-        if isinstance(error, OSError):
-            raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
         raise
-    _out(
-        f"exported case {case_id} revision {manifest['analysis_revision']} "
-        f"(published at generation {manifest['package_generation']}) to {one_line(os.fspath(destination), 600)}"
-    )
-    if current["analysis_revision"] != manifest["analysis_revision"]:
-        _progress(
-            f"note: revision {current['analysis_revision']} has no case yet; "
-            f"this is the case of revision {manifest['analysis_revision']}"
-        )
+
+
+def _refuse_to_overwrite(target: Path, data: bytes) -> bool:
+    """Whether ``target`` already holds ``data``; ``CONTENT_CONFLICT`` if it
+    holds anything else, or is not a regular file."""
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        raise CaseBuildError("CONTENT_CONFLICT", f"{target} is not a regular file; not overwritten")
+    if not target.exists():
+        return False
+    if not _holds(target, data):
+        raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
+    return True
 
 
 def _inside_workspace(destination: Path, workspace_root: Path) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shlex
@@ -1529,6 +1530,85 @@ def test_a_failed_export_takes_back_only_what_it_wrote(tmp_path, monkeypatch):
     assert info.value.code == "CONTENT_CONFLICT"
     assert sorted(p.name for p in dest.iterdir()) == ["case_summary.md"]
     assert (dest / "case_summary.md").read_bytes() == b"theirs\n"
+
+
+def test_a_file_put_in_the_destination_during_an_export_is_never_taken_for_its_own(tmp_path, monkeypatch):
+    # Another party puts a different case_summary.md there after the export
+    # looked (here: while it writes case.json). The export used to skip a
+    # file it found there by then, unread, and report a set that was not
+    # its own; now it compares, refuses, and takes back its case.json.
+    from pipeline import packages
+    from pipeline.commands import cmd_export
+    from pipeline.errors import VianoError
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out"
+    real = packages.write_durable
+
+    def racing(directory, name, data):
+        found = real(directory, name, data)
+        if name == "case.json":
+            (Path(directory) / "case_summary.md").write_bytes(b"theirs\n")
+        return found
+
+    monkeypatch.setattr(packages, "write_durable", racing)
+    with pytest.raises(VianoError) as info:
+        cmd_export(case="c1", dest=str(dest), workspace=str(ws))
+    assert info.value.code == "CONTENT_CONFLICT" and "case_summary.md" in str(info.value)
+    assert sorted(p.name for p in dest.iterdir()) == ["case_summary.md"]
+    assert (dest / "case_summary.md").read_bytes() == b"theirs\n"
+
+
+@contextlib.contextmanager
+def _directory_locked(directory: Path):
+    """``directory`` flock-ed as another export would hold it (a descriptor of
+    its own: flock keeps two open descriptions apart, in one process too)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def test_an_export_waits_while_another_export_writes_to_its_destination(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with _directory_locked(dest):
+        child = subprocess.Popen(
+            ["doit", "-f", str(REPO / "dodo.py"), "export", "case=c1", f"dest={dest}", f"workspace={ws}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+        )
+        try:
+            waiting = child.stderr.readline()  # its first line: it waits, having written nothing
+            assert waiting.startswith(f"waiting for {dest}: another export is writing there"), waiting
+            assert child.poll() is None and list(dest.iterdir()) == []
+        except BaseException:
+            child.kill()
+            child.communicate()
+            raise
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert "exported case c1 revision 1" in out
+    assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
+
+
+def test_an_export_gives_up_on_a_destination_held_too_long(tmp_path, monkeypatch):
+    from pipeline import commands
+    from pipeline.errors import VianoError
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    dest = tmp_path / "out"
+    dest.mkdir()
+    monkeypatch.setattr(commands, "EXPORT_LOCK_TIMEOUT", 0.2)
+    with _directory_locked(dest), pytest.raises(VianoError) as info:
+        commands.cmd_export(case="c1", dest=str(dest), workspace=str(ws))
+    assert info.value.code == "LOCK_TIMEOUT" and "another export" in str(info.value)
+    assert list(dest.iterdir()) == []
 
 
 def test_export_from_a_read_only_workspace(tmp_path):
