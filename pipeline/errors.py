@@ -75,7 +75,7 @@ ERROR_CODES: dict[str, str] = {
     # lifecycle (section 4)
     "ILLEGAL_TRANSITION": "the case's state does not allow this step",
     "STALE_GENERATION": "the case moved to another generation since the work was prepared",
-    "LOCK_TIMEOUT": "the case lock was not acquired before the deadline, or another process holds the build's dependency file",
+    "LOCK_TIMEOUT": "the case lock was not acquired before the deadline, or another process holds the build's dependency file, or another export held the destination for 30 s",
     "REOPEN_REQUIRED": "the current revision has a confirmed case; reopen to change inputs",
     "NOT_BUILT": "the case has no built case document yet",
     "INCOMPATIBLE_CASE": "a prior case document has an unsupported contract",
