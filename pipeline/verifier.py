@@ -46,7 +46,8 @@ production WSGI server) rather than the stdlib: ``wsgiref`` is single-threaded,
 speaks HTTP/1.0 without keep-alive and hands chunked bodies to the app
 undecoded, so a "bounded threaded stdlib server" would mean writing our own
 HTTP/1.1 framing. waitress gives a fixed worker pool (``threads``), a
-connection cap, idle-channel timeouts (slow clients cannot pin workers),
+connection cap, idle-channel timeouts (slow clients cannot pin workers; a
+per-request deadline of ours closes one that never goes idle),
 header-size limits, chunked decoding, and its own body backstop
 (:data:`SERVER_BODY_BACKSTOP`, 1 MiB: past it waitress answers 413 before the
 app runs and never buffers more). Below that backstop the *app* enforces the
@@ -423,23 +424,35 @@ def _check_listen_arguments(host: object, port: object, threads: object) -> None
         raise _bad_argument(f"--threads {one_line(str(threads), 40)} is outside 1-{MAX_THREADS}")
 
 
-def create_server(host: str = "127.0.0.1", port: int = 0, *, threads: int = 4):
+REQUEST_DEADLINE = 30
+"""Seconds a request may take to arrive, from its first byte to its last."""
+MAX_REQUEST_DEADLINE = 3600
+
+
+def create_server(host: str = "127.0.0.1", port: int = 0, *, threads: int = 4, request_deadline: int = REQUEST_DEADLINE):
     """A bound (not yet running) waitress server for :func:`application`.
 
     Bounds: ``threads`` workers, 64 connections, 16 KiB of headers, bodies
     below :data:`SERVER_BODY_BACKSTOP` kept in memory (at most 64 x 1 MiB),
-    idle connections closed after 30 s.
+    idle connections closed after 30 s, and a connection whose request has
+    not arrived whole ``request_deadline`` seconds after its first byte
+    closed (checked every second).
 
     Errors (:class:`VerificationError`): ``INVALID_ARGUMENT`` for a blank or
-    unresolvable host (``256.1.1.1``), a port outside 0-65535 or threads
-    outside 1-:data:`MAX_THREADS`; ``IO_ERROR`` when the address cannot be
+    unresolvable host (``256.1.1.1``), a port outside 0-65535, threads
+    outside 1-:data:`MAX_THREADS` or a deadline outside
+    1-:data:`MAX_REQUEST_DEADLINE`; ``IO_ERROR`` when the address cannot be
     bound (in use, not local, not permitted).
     """
     from waitress.server import create_server as _create
 
     _check_listen_arguments(host, port, threads)
+    if isinstance(request_deadline, bool) or not isinstance(request_deadline, int) or not 1 <= request_deadline <= MAX_REQUEST_DEADLINE:
+        raise _bad_argument(f"--request-deadline {one_line(str(request_deadline), 40)} is outside 1-{MAX_REQUEST_DEADLINE}")
     try:
-        return _create_waitress(_create, host, port, threads)
+        server = _create_waitress(_create, host, port, threads)
+        _bound_request_time(server, request_deadline)
+        return server
     except (ValueError, socket.gaierror):  # waitress: "Invalid host/port specified." (UnicodeError included)
         raise _bad_argument(f"--host {one_line(host, 100)} is not a valid host name or address") from None
     except OSError as exc:
@@ -465,17 +478,83 @@ def _create_waitress(_create, host: str, port: int, threads: int):
     )
 
 
+def _bound_request_time(server, deadline: int) -> None:
+    """Give every listening socket of ``server`` channels with a request deadline.
+
+    waitress closes a connection only once it has been idle for
+    ``channel_timeout``: a client that sends a byte now and then is never
+    idle, and 64 of them would keep everyone else out for as long as they
+    liked. A request must now arrive whole within ``deadline`` seconds of its
+    first byte. (``create_server`` returns one server per address the host
+    resolves to, or a holder of several.)
+    """
+    from waitress.server import BaseWSGIServer
+
+    servers = [server] if isinstance(server, BaseWSGIServer) else [
+        each for each in server.map.values() if isinstance(each, BaseWSGIServer)
+    ]
+    channel_class = _deadline_channel_class(deadline)
+    for each in servers:
+        each.channel_class = channel_class
+
+
+def _deadline_channel_class(deadline: int):
+    import time
+
+    from waitress.channel import HTTPChannel
+
+    class DeadlineChannel(HTTPChannel):
+        # Both run on waitress's event-loop thread, which calls readable() on
+        # every pass (at least once a second): no lock is needed.
+        _arriving = None
+        _arriving_since = 0.0
+
+        def received(self, data):
+            result = super().received(data)
+            if self.request is not None and self.request is not self._arriving:
+                self._arriving, self._arriving_since = self.request, time.monotonic()
+            return result
+
+        def readable(self):
+            if (
+                self.request is not None
+                and self.request is self._arriving
+                and not self.requests  # as waitress's idle check: never under a running task
+                and time.monotonic() - self._arriving_since > deadline
+            ):
+                self.will_close = True  # writable() now says so, and handle_write closes it
+                return False
+            return super().readable()
+
+    return DeadlineChannel
+
+
+def listening_lines(server) -> list[str]:
+    """``verifier listening on http://H:P``, once for each address listened on.
+
+    A host name with several addresses (``localhost`` is often both
+    ``127.0.0.1`` and ``::1``) gets a socket for each, and waitress returns a
+    holder of them that has no single ``effective_host``.
+    """
+    addresses = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
+    lines = []
+    for host, port in addresses:
+        shown = f"[{host}]" if ":" in str(host) else host
+        lines.append(f"verifier listening on http://{shown}:{port}")
+    return lines
+
+
 def _stop(signum, frame):  # pragma: no cover - exercised through a subprocess
     raise SystemExit(0)
 
 
-def serve(host: str, port: int, *, threads: int = 4) -> int:
+def serve(host: str, port: int, *, threads: int = 4, request_deadline: int = REQUEST_DEADLINE) -> int:
     """Serve until SIGTERM/SIGINT; prints ``verifier listening on http://H:P`` once bound."""
-    server = create_server(host, port, threads=threads)
+    server = create_server(host, port, threads=threads, request_deadline=request_deadline)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    shown = f"[{server.effective_host}]" if ":" in str(server.effective_host) else server.effective_host
-    print(f"verifier listening on http://{shown}:{server.effective_port}", file=sys.stderr, flush=True)
+    for line in listening_lines(server):
+        print(line, file=sys.stderr, flush=True)
     try:
         server.run()  # returns after SystemExit/KeyboardInterrupt, worker pool shut down
     finally:
@@ -500,12 +579,16 @@ def main(argv: list[str] | None = None) -> int:
     serve_cmd.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
     serve_cmd.add_argument("--port", type=int, default=8080, help="default 8080; 0 picks a free port")
     serve_cmd.add_argument("--threads", type=int, default=4, help="worker threads, 1-64 (default 4)")
+    serve_cmd.add_argument(
+        "--request-deadline", type=int, default=REQUEST_DEADLINE, metavar="SECONDS",
+        help=f"a request must arrive whole this many seconds after its first byte, 1-{MAX_REQUEST_DEADLINE} (default {REQUEST_DEADLINE})",
+    )
     check_cmd = commands.add_parser("check", help="verify one request file offline (exit 0/1/2)")
     check_cmd.add_argument("file", help="request JSON file, or - for stdin")
     args = parser.parse_args(argv)
     if args.command == "serve":
         try:
-            return serve(args.host, args.port, threads=args.threads)
+            return serve(args.host, args.port, threads=args.threads, request_deadline=args.request_deadline)
         except VianoError as exc:
             sys.stderr.write(f"{exc}\n")
             return 2

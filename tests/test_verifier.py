@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -770,6 +771,8 @@ def _one_error_line(result, code: str) -> str:
         (("--host", "127.0.0.1", "--port", "0", "--threads", "0"), "--threads 0"),
         (("--host", "127.0.0.1", "--port", "0", "--threads", "-3"), "--threads -3"),
         (("--host", "127.0.0.1", "--port", "0", "--bogus"), "--bogus"),
+        (("--host", "127.0.0.1", "--port", "0", "--request-deadline", "0"), "--request-deadline 0"),
+        (("--host", "127.0.0.1", "--port", "0", "--request-deadline", "3601"), "--request-deadline 3601"),
     ],
 )
 def test_serve_refuses_bad_arguments_with_one_line(args, says):
@@ -797,10 +800,86 @@ def test_create_server_refuses_bad_arguments_in_process(host, port, threads):
     assert caught.value.code == "INVALID_ARGUMENT"
 
 
+def test_a_host_with_two_addresses_listens_on_both_with_the_deadline(monkeypatch):
+    # ``--host localhost`` where it is both 127.0.0.1 and ::1: waitress binds
+    # each and returns a holder with no effective_host, which serve read (an
+    # AttributeError traceback before anything was served).
+    from waitress.server import BaseWSGIServer
+
+    real = socket.getaddrinfo
+
+    def two_addresses(host, port, *args, **kwargs):
+        if host == "two.invalid":
+            return real("127.0.0.1", port, *args, **kwargs) + real("127.0.0.2", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    server = verifier.create_server("two.invalid", 0, request_deadline=7)
+    listening = [each for each in server.map.values() if isinstance(each, BaseWSGIServer)]
+    try:
+        assert len(listening) == 2
+        assert all(each.channel_class.__name__ == "DeadlineChannel" for each in listening)
+        lines = verifier.listening_lines(server)
+        assert [line.rsplit(":", 1)[0] for line in lines] == [
+            "verifier listening on http://127.0.0.1", "verifier listening on http://127.0.0.2"]
+    finally:
+        for each in listening:
+            each.close()
+        server.close()
+
+
+@pytest.mark.parametrize("deadline", [0, -1, True, 1.5, verifier.MAX_REQUEST_DEADLINE + 1])
+def test_create_server_refuses_a_bad_request_deadline(deadline):
+    with pytest.raises(VerificationError) as caught:
+        verifier.create_server("127.0.0.1", 0, request_deadline=deadline)
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
 def test_create_server_accepts_the_bounds():
     for port, threads in ((0, 1), (0, verifier.MAX_THREADS)):
         server = verifier.create_server("127.0.0.1", port, threads=threads)
         server.close()
+
+
+def _trickle(port: int, request: bytes, pause: float, *, until: float) -> tuple[bytes, float]:
+    """Send ``request`` a byte per ``pause`` seconds; return what came back
+    and when the server ended the exchange (answered, or closed on us)."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=until) as conn:
+        for byte in request:
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:  # closed on us part way
+                return b"", time.monotonic() - started
+            time.sleep(pause)
+            if time.monotonic() - started > until:
+                raise AssertionError("the server let the request go on past the deadline")
+        answer = b""
+        try:
+            while chunk := conn.recv(4096):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        return answer, time.monotonic() - started
+
+
+def test_a_request_that_never_arrives_whole_is_cut_off_at_its_deadline():
+    # A byte every 0.25 s is never idle for waitress's 30 s; only the
+    # request's own deadline (2 s here) ends it, at the next check (1 s).
+    body = encode(make())
+    request = (b"POST " + verifier.VERIFY_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    proc, port = _start_server("--request-deadline", "2")
+    try:
+        answer, took = _trickle(port, request, 0.25, until=15)
+        assert answer == b"" and 2 <= took < 6, (answer[:80], took)
+        # Within its deadline a slow request is answered; others meanwhile too.
+        quick = b"GET /elsewhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        answer, took = _trickle(port, quick, 1.0 / len(quick), until=15)
+        assert answer.startswith(b"HTTP/1.1 404 "), answer[:80]
+        assert_healthy(port)
+    finally:
+        assert _stop_server(proc) == 0
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
