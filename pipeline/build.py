@@ -1556,7 +1556,9 @@ def report_build(workspace_root, case_id) -> None:
         if confirmed is None:
             raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
         published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
-    sys.stdout.write(
+    from .doitcli import command_line_stdout
+
+    command_line_stdout().write(
         f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
         f"{published['case_summary']} confirmed at generation {published['generation']} "
         f"(request {plan['request_hash'][:16]})\n"

@@ -120,8 +120,11 @@ def _observed(ws, case_id: str):
 
 
 def _out(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    from .doitcli import command_line_stdout
+
+    out = command_line_stdout()
+    out.write(line + "\n")
+    out.flush()
 
 
 def _progress(line: str) -> None:
@@ -815,5 +818,7 @@ def cmd_probes(case=None, workspace=None) -> int:
     if built_revision < record.analysis_revision:
         _progress(f"note: revision {record.analysis_revision} has no case yet; these probes are for revision {built_revision}'s case")
     text, code = probes_command_output(document, path, sha256_hex(data))
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    from .doitcli import command_line_stdout
+
+    command_line_stdout().write(text if text.endswith("\n") else text + "\n")
     return code

@@ -223,7 +223,7 @@ def guarded(target: str, *args, **kwargs):
         # as command-line tools do, instead of reporting a failed write.
         # Later writes and the flush at exit go to /dev/null.
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, command_line_stdout().fileno())
         os.close(devnull)
         return None
     except OSError as error:
@@ -396,12 +396,28 @@ def _running_doit_command_line() -> bool:
     return getattr(spec, "name", None) == "doit.__main__"
 
 
+#: The standard output doit's command line started with, taken as the dodo
+#: file loads (before any action runs). doit swaps ``sys.stdout`` for a
+#: capture while each action runs and puts back what it found after; with
+#: thread workers (``-P thread``) two actions overlap, and the one that ends
+#: last can put back the other's capture for good, so a line written to
+#: ``sys.stdout`` after that was captured and never shown.
+_command_line_stdout = None
+
+
+def command_line_stdout():
+    """Where a command's own lines go: the command line's standard output, or
+    ``sys.stdout`` when doit's command line is not what runs this."""
+    return _command_line_stdout if _command_line_stdout is not None else sys.stdout
+
+
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
     """DOIT_CONFIG for this invocation (see module docstring)."""
     from .workspace import Workspace, validate_id
 
-    global _STARTED_BEFORE_ITS_CASE
+    global _STARTED_BEFORE_ITS_CASE, _command_line_stdout
     _STARTED_BEFORE_ITS_CASE = None
+    _command_line_stdout = sys.stdout if _running_doit_command_line() else None
     os.environ.pop(_LOCKED_BY_ENV, None)
     report_interrupts_on_one_line()
     say_when_waiting_for_a_case_lock()

@@ -469,6 +469,9 @@ def _create_waitress(_create, host: str, port: int, threads: int):
         threads=threads,
         connection_limit=64,
         channel_timeout=30,
+        # waitress looks for idle connections every cleanup_interval (30 s by
+        # default), so one idle for 30 s lasted up to 60 s.
+        cleanup_interval=1,
         max_request_header_size=16 * 1024,
         max_request_body_size=SERVER_BODY_BACKSTOP,
         inbuf_overflow=SERVER_BODY_BACKSTOP + 1,

@@ -23,7 +23,7 @@ from pipeline.build import CaseBuilder
 from pipeline.lifecycle import CheckpointStore
 from pipeline.limits import CaseBuilderLimits
 from pipeline.workspace import Workspace
-from tests.conftest import REPO, doit_env
+from tests.conftest import FIXTURES, REPO, doit_env
 from tests.e2e import kit
 from tests.e2e.test_build import standard_package
 
@@ -1951,6 +1951,22 @@ def test_build_steps_in_worker_processes_are_refused_at_once(tmp_path, option):
     threads = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "-n", "2", "-P", "thread", "build",
                               "case=c1", f"workspace={ws}"], capture_output=True, text=True, env=doit_env(), timeout=120)
     assert threads.returncode == 0, threads.stderr
+
+
+def test_a_build_with_thread_workers_always_ends_with_its_confirmed_line(tmp_path):
+    # doit swaps sys.stdout for a capture around each action; two actions on
+    # two threads could leave one's capture in place for good, and the
+    # build's closing line went into it: exit 0, nothing on stdout (about
+    # one build in two).
+    ws = tmp_path / "ws"
+    cases = [f"c{n}" for n in range(1, 7)]
+    for case in cases:  # the sample: its steps overlap more often than the standard package's
+        assert kit.doit("admit", f"case={case}", f"source={FIXTURES / 'sample'}", workspace=ws).returncode == 0
+    for case in cases:
+        result = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "-n", "2", "-P", "thread", "build",
+                                 f"case={case}", f"workspace={ws}"], capture_output=True, text=True, env=doit_env(), timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"case {case} revision 1: case/revisions/0001/case.json and "), (case, result.stdout)
 
 
 def test_status_in_the_same_run_as_a_build_does_not_call_its_own_lock_another_commands(tmp_path):
