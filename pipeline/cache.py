@@ -22,7 +22,7 @@ import json
 
 from .errors import IntegrityError
 
-__all__ = ["BuildCache", "ParsedManifests"]
+__all__ = ["BuildCache", "ParsedManifests", "is_file_state", "sound_doit_record"]
 
 _CACHE_RECORD_LIMIT = 64 * 1024 * 1024
 _DOIT_RECORD_BYTES = 1 << 20  # a task's record is a few hundred bytes; anything larger is not doit's
@@ -30,6 +30,32 @@ _DOIT_RECORD_BYTES = 1 << 20  # a task's record is a few hundred bytes; anything
 # The temp files this process's threads are writing now (see remove_stale_temps).
 _IN_FLIGHT: set[str] = set()
 _IN_FLIGHT_GUARD = threading.Lock()
+
+
+def is_file_state(state) -> bool:
+    """Whether ``state`` is what the content-hash checker records of a file:
+    ``[size, sha256]``."""
+    return (
+        isinstance(state, (list, tuple))
+        and len(state) == 2
+        and type(state[0]) is int
+        and isinstance(state[1], str)
+    )
+
+
+def sound_doit_record(record) -> bool:
+    """Whether a task's record in the dep file has the shape doit (0.36-0.37)
+    relies on: an object whose ``_values_:`` is an object and ``deps:`` a
+    list of paths. doit reads those without looking (``values.get``,
+    ``set(deps)``), so a record of another shape that still decodes (damage,
+    another program's file) stopped every build with a traceback. The file
+    states in it are the checker's to judge (:func:`is_file_state`)."""
+    if not isinstance(record, dict):
+        return False
+    values, deps = record.get("_values_:"), record.get("deps:")
+    if values is not None and not isinstance(values, dict):
+        return False
+    return deps is None or (isinstance(deps, list) and all(isinstance(path, str) for path in deps))
 
 
 def _path_key(path: str) -> str:
@@ -71,11 +97,11 @@ class BuildCache:
                 if not isinstance(data, (str, bytes)) or len(data) > _DOIT_RECORD_BYTES:
                     return None
                 record = json.loads(data)
-                if not isinstance(record, dict):
+                if not sound_doit_record(record):
                     return None
                 records[task_id] = record
             return records
-        except (sqlite3.Error, ValueError):
+        except (sqlite3.Error, ValueError, RecursionError):
             return None
         finally:
             conn.close()

@@ -33,6 +33,7 @@ from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
+from .cache import is_file_state, sound_doit_record
 from .errors import ERROR_CODES, VianoError, coded_io_error, one_line
 
 __all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "BUILD_TASKS"]
@@ -46,6 +47,8 @@ class ContentHashChecker(FileChangedChecker):
     """A file_dep changed iff its size or sha256 changed (mtime is ignored)."""
 
     def check_modified(self, file_path, file_stat, state):
+        if not is_file_state(state):
+            return True  # not a state this checker recorded: judge the file changed
         size, digest = state
         if file_stat.st_size != size:
             return True
@@ -53,7 +56,7 @@ class ContentHashChecker(FileChangedChecker):
 
     def get_state(self, dep, current_state):
         state = (os.path.getsize(dep), _sha256_file(dep))
-        if current_state is not None and tuple(current_state) == state:
+        if is_file_state(current_state) and tuple(current_state) == state:
             return None
         return state
 
@@ -609,7 +612,7 @@ def _read_the_dep_file_in_one_query() -> None:
             return
         try:
             rows = self._conn.execute("select task_id, task_data from doit").fetchall()
-            damaged = not all(isinstance(row["task_data"], dict) for row in rows)
+            damaged = not all(sound_doit_record(row["task_data"]) for row in rows)
         except sqlite3.OperationalError as error:
             if "locked" in str(error) or "busy" in str(error):
                 raise  # another program holds a sound file: as doit itself would say

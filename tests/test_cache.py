@@ -362,6 +362,63 @@ def test_a_dep_file_record_that_does_not_decode_makes_the_file_disposable(tmp_pa
     assert run("build").returncode == 0
 
 
+def test_dep_file_records_of_another_shape_make_the_file_disposable(tmp_path):
+    """Records that decode to objects of another shape (damage sqlite cannot
+    see, another program's file): doit reads their parts without looking, and
+    a build stopped with its traceback, every build after too, until the file
+    was removed by hand; status failed on a record nested too deep to decode.
+    Found by a review's 2,100-trial sweep of the dep file."""
+    import subprocess
+    import sys
+
+    from pipeline.cache import is_file_state, sound_doit_record
+
+    repo = Path(__file__).resolve().parent.parent
+    doit = str(Path(sys.executable).with_name("doit"))
+    ws = tmp_path / "ws"
+    run = lambda *args: subprocess.run([doit, *args, "case=sample", f"workspace={ws}"], cwd=repo, capture_output=True, text=True)
+    assert run("admit", f"source={repo / 'fixtures/sample'}").returncode == 0
+    built = run("build")
+    assert built.returncode == 0
+    dep = ws / ".cache" / "sample" / "doit.sqlite3"
+
+    def values_not_an_object(record):
+        return {**record, "_values_:": 5}
+
+    def deps_not_a_list(record):
+        return {**record, "deps:": 5} if "deps:" in record else record
+
+    def deps_of_lists(record):
+        return {**record, "deps:": [[1]]} if "deps:" in record else record
+
+    def file_states_not_lists(record):
+        return {key: (value if key.endswith(":") else 5) for key, value in record.items()}
+
+    def nested_too_deep(record):
+        return None  # stands for a record nested 50,000 deep, written as text below
+
+    for damage in (values_not_an_object, deps_not_a_list, deps_of_lists, file_states_not_lists, nested_too_deep):
+        connection = sqlite3.connect(dep)
+        rows = connection.execute("select task_id, task_data from doit").fetchall()
+        assert len(rows) > 3
+        for task_id, data in rows:
+            damaged = damage(json.loads(data))
+            text = "[" * 50000 + "]" * 50000 if damaged is None else json.dumps(damaged)
+            connection.execute("update doit set task_data = ? where task_id = ?", (text, task_id))
+        connection.commit()
+        connection.close()
+        status = run("status")
+        assert status.returncode == 0 and "Traceback" not in status.stderr, (damage.__name__, status.stderr)
+        again = run("build")
+        assert again.returncode == 0 and "Traceback" not in again.stderr, (damage.__name__, again.stderr)
+        assert again.stdout == built.stdout  # the same confirmed case, nothing published again
+        connection = sqlite3.connect(dep)
+        records = [json.loads(data) for _, data in connection.execute("select task_id, task_data from doit")]
+        connection.close()
+        assert records and all(sound_doit_record(record) for record in records), damage.__name__
+        assert all(is_file_state(value) for record in records for key, value in record.items() if key.startswith("/"))
+
+
 def test_a_program_that_loads_the_dodo_configuration_in_process_keeps_its_collector(tmp_path):
     import subprocess
     import sys
