@@ -1506,10 +1506,13 @@ def test_status_on_a_read_only_workspace_refuses_a_log_it_cannot_read(tmp_path):
     assert "write-ahead log" in line and "read-only filesystem" in line
 
 
-def test_a_failed_export_takes_back_only_what_it_wrote(tmp_path, monkeypatch):
-    # Another party puts a different case_summary.md in the destination just
-    # before this export links its own: the export refuses (never overwrites)
-    # and takes back its case.json, but their file stays.
+@pytest.mark.parametrize("moment", ["as it links its summary", "after it linked its case"])
+def test_a_file_put_in_the_destination_during_an_export_is_never_taken_for_its_own(tmp_path, monkeypatch, moment):
+    # Another party puts a different case_summary.md in the destination after
+    # the export looked: the export refuses (never overwrites) and takes back
+    # its case.json, but their file stays. "after it linked its case": the
+    # export used to skip a file it found there by then, unread, and report
+    # a set that was not its own.
     from pipeline import packages
     from pipeline.commands import cmd_export
     from pipeline.errors import VianoError
@@ -1518,44 +1521,20 @@ def test_a_failed_export_takes_back_only_what_it_wrote(tmp_path, monkeypatch):
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     dest = tmp_path / "out"
     real = packages.write_durable
+    trigger = "case_summary.md" if moment == "as it links its summary" else "case.json"
 
     def racing(directory, name, data):
-        if name == "case_summary.md":
+        if name == trigger == "case_summary.md":
             (Path(directory) / name).write_bytes(b"theirs\n")
-        return real(directory, name, data)
-
-    monkeypatch.setattr(packages, "write_durable", racing)
-    with pytest.raises(VianoError) as info:
-        cmd_export(case="c1", dest=str(dest), workspace=str(ws))
-    assert info.value.code == "CONTENT_CONFLICT"
-    assert sorted(p.name for p in dest.iterdir()) == ["case_summary.md"]
-    assert (dest / "case_summary.md").read_bytes() == b"theirs\n"
-
-
-def test_a_file_put_in_the_destination_during_an_export_is_never_taken_for_its_own(tmp_path, monkeypatch):
-    # Another party puts a different case_summary.md there after the export
-    # looked (here: while it writes case.json). The export used to skip a
-    # file it found there by then, unread, and report a set that was not
-    # its own; now it compares, refuses, and takes back its case.json.
-    from pipeline import packages
-    from pipeline.commands import cmd_export
-    from pipeline.errors import VianoError
-
-    ws = _admitted(tmp_path)
-    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
-    dest = tmp_path / "out"
-    real = packages.write_durable
-
-    def racing(directory, name, data):
         found = real(directory, name, data)
-        if name == "case.json":
+        if name == trigger == "case.json":
             (Path(directory) / "case_summary.md").write_bytes(b"theirs\n")
         return found
 
     monkeypatch.setattr(packages, "write_durable", racing)
     with pytest.raises(VianoError) as info:
         cmd_export(case="c1", dest=str(dest), workspace=str(ws))
-    assert info.value.code == "CONTENT_CONFLICT" and "case_summary.md" in str(info.value)
+    assert info.value.code == "CONTENT_CONFLICT"
     assert sorted(p.name for p in dest.iterdir()) == ["case_summary.md"]
     assert (dest / "case_summary.md").read_bytes() == b"theirs\n"
 
