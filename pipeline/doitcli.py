@@ -456,6 +456,15 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         # takes the lock this run could not (lock_if_admitted_since_the_start).
         _STARTED_BEFORE_ITS_CASE = (str(ws.root), case_id)
         return config
+    from .workspace_limits import read_workspace_limits
+
+    try:
+        read_workspace_limits(ws.root)
+    except VianoError:
+        # A refused limits.json stops the build at its first step, which
+        # says why; nothing of the workspace is made for it, a dep file
+        # included.
+        return config
     from .build import case_cache, hold_case_lock
 
     # Before doit starts, so any failure here is ours to report: one coded

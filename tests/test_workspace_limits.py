@@ -294,13 +294,19 @@ def test_admission_applies_the_configured_admission_limits(tmp_path):
     assert not (ws / "cases").exists()
 
 
+def _tree(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
 def test_a_refused_limits_file_stops_every_command_with_its_code(tmp_path):
     ws = _sample_case(tmp_path)
     _write(ws, _limits(case_builder={"case_byte": 1}))
+    before = _tree(ws)
     build = doit("build", "case=c1", workspace=ws)
     assert build.returncode != 0
     assert build.stderr.strip().splitlines()[-1].startswith("SCHEMA_VIOLATION: ")
     assert "(limits.json#/case_builder/case_byte)" in build.stderr
+    assert _tree(ws) == before  # not even a dep file for the refused build
     status = doit("status", "case=c1", workspace=ws)
     assert "limits: limits.json is refused" in status.stdout
     assert "validate_index: would fail: SCHEMA_VIOLATION" in status.stdout
