@@ -12,7 +12,7 @@ $VIANO_WORKSPACE or ./service-data):
     doit probes case=ID
 """
 
-from pipeline.doitcli import report_interrupts_on_one_line
+from pipeline.interrupts import report_interrupts_on_one_line
 
 # First, so that a Ctrl-C while the rest loads is one INTERRUPTED line too.
 report_interrupts_on_one_line()

@@ -1557,12 +1557,14 @@ def report_build(workspace_root, case_id) -> None:
             raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
         published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
     from .doitcli import command_line_stdout
+    from .interrupts import ignore_interrupts_from_now
 
     command_line_stdout().write(
         f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
         f"{published['case_summary']} confirmed at generation {published['generation']} "
         f"(request {plan['request_hash'][:16]})\n"
     )
+    ignore_interrupts_from_now()  # the build is confirmed and says so; a Ctrl-C now would only contradict it
 
 
 class CaseBuilder:

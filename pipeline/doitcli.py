@@ -34,7 +34,8 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
 from .cache import is_file_state, sound_doit_record
-from .errors import ERROR_CODES, VianoError, coded_io_error, one_line
+from .errors import VianoError, coded_io_error, one_line
+from .interrupts import ignore_interrupts_from_now, report_interrupts_on_one_line
 
 __all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "BUILD_TASKS"]
 
@@ -192,6 +193,8 @@ class OneLineReporter(ConsoleReporter):
         super().complete_run()
         for line in held:
             self.write(line + "\n")
+        if _running_doit_command_line():
+            ignore_interrupts_from_now()  # everything is said; exiting by SIGINT now would contradict it
 
 
 def subtask_name(path: str) -> str:
@@ -320,25 +323,6 @@ def _requested_tasks(argv) -> list[str]:
             continue
         names.append(arg.split(":", 1)[0])
     return names
-
-
-def report_interrupts_on_one_line() -> None:
-    """Ctrl-C ends a command with one ``INTERRUPTED`` line instead of a
-    traceback. Only the printing changes: the interpreter still exits by
-    SIGINT (status 130 in a shell), and every step is already safe to stop
-    anywhere (publication is atomic, a retry resumes)."""
-    if getattr(sys.excepthook, "viano_interrupts", False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, trace) -> None:
-        if issubclass(kind, KeyboardInterrupt):
-            sys.stderr.write(f"INTERRUPTED: {ERROR_CODES['INTERRUPTED']}\n")
-            return
-        previous(kind, value, trace)
-
-    hook.viano_interrupts = True
-    sys.excepthook = hook
 
 
 def say_when_waiting_for_a_case_lock() -> None:

@@ -13,7 +13,53 @@ from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["InterruptsWhileCopying", "despite_interrupts"]
+__all__ = ["InterruptsWhileCopying", "despite_interrupts", "report_interrupts_on_one_line", "ignore_interrupts_from_now"]
+
+_INTERRUPTED_FALLBACK = "the command was stopped (Ctrl-C)"
+
+
+def report_interrupts_on_one_line() -> None:
+    """Ctrl-C ends a command with one ``INTERRUPTED`` line instead of a
+    traceback. Only the printing changes: the interpreter still exits by
+    SIGINT (status 130 in a shell), and every step is already safe to stop
+    anywhere (publication is atomic, a retry resumes).
+
+    Here, in a module that imports nothing at load, so that the dodo file
+    installs it before anything else of ours loads: a Ctrl-C while the rest
+    of the pipeline imports is one line too."""
+    import sys
+
+    if getattr(sys.excepthook, "viano_interrupts", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, trace) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            try:
+                from .errors import ERROR_CODES
+
+                message = ERROR_CODES["INTERRUPTED"]
+            except BaseException:  # interrupted while errors itself loaded
+                message = _INTERRUPTED_FALLBACK
+            sys.stderr.write(f"INTERRUPTED: {message}\n")
+            return
+        previous(kind, value, trace)
+
+    hook.viano_interrupts = True
+    sys.excepthook = hook
+
+
+def ignore_interrupts_from_now() -> None:
+    """Once a command has printed its outcome, a Ctrl-C changes nothing: it
+    is ignored for the rest of the process. (Python's own handler raised it
+    into doit's last bookkeeping; and at exit, where the interpreter puts the
+    default action back, it killed the process silently by SIGINT after a
+    success was printed.) Only from the main thread, where handlers live."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class InterruptsWhileCopying:

@@ -1143,21 +1143,41 @@ def test_a_failed_build_whose_dep_file_cannot_forget_the_task_is_one_coded_line(
     _one_line_error(again, "JSON_DUPLICATE_KEY")
 
 
-def test_ctrl_c_while_the_dodo_file_loads_is_one_interrupted_line(tmp_path):
+@pytest.mark.parametrize("module", ["pipeline.doitcli", "pipeline.build"])
+def test_ctrl_c_while_the_dodo_file_loads_is_one_interrupted_line(tmp_path, module):
     """Ctrl-C while the dodo file is still importing the pipeline (before
-    doit_config ran) is one INTERRUPTED line too, not a traceback."""
+    doit_config ran) is one INTERRUPTED line too, not a traceback; also
+    while it imports the module that held the handler (a review found that
+    window, ~0.1-0.4 s into a command)."""
     import signal
 
     from pipeline.errors import ERROR_CODES
 
     ws = _admitted(tmp_path)
     ready = tmp_path / "ready"
-    with kit.paused_doit("doit_pausing_import.py", ["pipeline.build", str(ready)], ready, "build", "case=c1", workspace=ws) as child:
+    with kit.paused_doit("doit_pausing_import.py", [module, str(ready)], ready, "build", "case=c1", workspace=ws) as child:
         child.send_signal(signal.SIGINT)
         _, stderr = child.communicate(timeout=60)
     assert child.returncode != 0
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.strip().splitlines() == [f"INTERRUPTED: {ERROR_CODES['INTERRUPTED']}"]
+
+
+@pytest.mark.parametrize("moment", ["report", "exit"])
+def test_ctrl_c_once_the_build_said_it_is_confirmed_changes_nothing(tmp_path, moment):
+    """A Ctrl-C right after the confirmed line (or as the interpreter exits)
+    was raised into doit's last bookkeeping, or killed the process silently
+    by SIGINT: exit 130 after a printed success, with no INTERRUPTED line."""
+    ws = _admitted(tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_interrupted_after.py"), moment,
+         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=120,
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert result.stdout.startswith("case c1 revision 1: ") and "confirmed at generation 2" in result.stdout
+    assert "Traceback" not in result.stderr and "INTERRUPTED" not in result.stderr, result.stderr
+    assert len(kit.manifests(ws, "c1")) == 2
 
 
 def test_a_build_that_cannot_write_its_dep_file_is_one_coded_line(tmp_path):
