@@ -680,11 +680,14 @@ def test_a_failed_build_whose_dep_file_cannot_be_saved_ends_with_its_code_line(t
     then followed by the warning. It is written last now, as the README says."""
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
-    (ws / "limits.json").write_text('{"format": "not-limits"}')
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    # A step that fails once doit has opened its dep file (a refused
+    # limits.json stops the build before that, with no dep file at all).
+    assert kit.doit("append", "case=c1", f"source={kit.duplicate_key_append(tmp_path / 'bad')}", workspace=ws).returncode == 0
     with _sqlite_held_by_another_process(ws / ".cache" / "c1" / "doit.sqlite3"):
         failed = kit.doit("build", "case=c1", workspace=ws)
     assert "warning: IO_ERROR: the build's dependency file was not saved" in failed.stderr, failed.stderr
-    line = _one_line_error(failed, "UNSUPPORTED_VERSION")
+    line = _one_line_error(failed, "JSON_DUPLICATE_KEY")
     assert failed.stderr.splitlines()[-1] == line, failed.stderr
 
 
