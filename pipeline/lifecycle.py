@@ -169,19 +169,39 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _db_error(exc: sqlite3.Error, what: str, path: str) -> VianoError:
+def _db_error(exc: sqlite3.Error, what: str, store: "os.PathLike[str]") -> VianoError:
     """Map a sqlite3 failure to a stable code: busy -> LOCK_TIMEOUT, I/O -> IO_ERROR,
     interrupted -> INTERRUPTED (a host program's ``Connection.interrupt``: the
     transaction rolled back, nothing is corrupt), else INTEGRITY_ERROR.
-    ``path`` names the store file (sqlite3's own messages name none)."""
+    The error names ``store`` by its file name (sqlite3's own messages name none)."""
+    path = os.path.basename(store)
     name = getattr(exc, "sqlite_errorname", "") or ""
     if name == "SQLITE_INTERRUPT":
         return LifecycleError("INTERRUPTED", f"checkpoint store interrupted while {what}; nothing was recorded", path=path)
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return LifecycleError("LOCK_TIMEOUT", f"checkpoint store busy while {what}: {exc}", path=path)
+    if name == "SQLITE_READONLY" and _header_says_unwritable(store):
+        return IntegrityError(
+            "INTEGRITY_ERROR",
+            f"checkpoint store is damaged or not ours ({what}): its header names a file format SQLite will not write",
+            path=path,
+        )
     if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
         return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}", path=path)
     return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}", path=path)
+
+
+def _header_says_unwritable(store: "os.PathLike[str]") -> bool:
+    """Whether the store's header makes SQLite open it read-only: its
+    file-format write or read version (bytes 18 and 19) above 2, which no
+    SQLite of today writes. Then "attempt to write a readonly database" is
+    the file's damage, not a read-only file or filesystem."""
+    try:
+        with open(store, "rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return len(header) == 20 and header.startswith(b"SQLite format 3\x00") and (header[18] > 2 or header[19] > 2)
 
 
 def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
@@ -288,7 +308,7 @@ class CheckpointStore:
             else:
                 conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
-            raise _db_error(exc, "opening", path.name) from None
+            raise _db_error(exc, "opening", path) from None
         self._conn = conn
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
@@ -308,7 +328,7 @@ class CheckpointStore:
                 self._ensure_schema()
         except sqlite3.Error as exc:
             conn.close()
-            raise _db_error(exc, "opening", path.name) from None
+            raise _db_error(exc, "opening", path) from None
         except BaseException:
             conn.close()
             raise
@@ -378,7 +398,7 @@ class CheckpointStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise _db_error(exc, what, self.workspace.store_path.name) from None
+            raise _db_error(exc, what, self.workspace.store_path) from None
         try:
             result = body(conn)
         except BaseException as exc:
@@ -387,7 +407,7 @@ class CheckpointStore:
             except sqlite3.Error:
                 pass
             if isinstance(exc, sqlite3.Error):
-                raise _db_error(exc, what, self.workspace.store_path.name) from None
+                raise _db_error(exc, what, self.workspace.store_path) from None
             raise
         try:
             conn.execute("COMMIT")
@@ -396,14 +416,14 @@ class CheckpointStore:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
-            raise _db_error(exc, what, self.workspace.store_path.name) from None
+            raise _db_error(exc, what, self.workspace.store_path) from None
         return result
 
     def _read(self, sql: str, args: tuple, what: str) -> list[tuple]:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise _db_error(exc, what, self.workspace.store_path.name) from None
+            raise _db_error(exc, what, self.workspace.store_path) from None
 
     # ---------------------------------------------------------------- decoding rows
 
@@ -514,7 +534,7 @@ class CheckpointStore:
         try:
             return self._confirmed(self._conn, case_id, step_id)
         except sqlite3.Error as exc:
-            raise _db_error(exc, "reading checkpoints", self.workspace.store_path.name) from None
+            raise _db_error(exc, "reading checkpoints", self.workspace.store_path) from None
 
     def advance(
         self,

@@ -410,6 +410,26 @@ def test_a_store_failing_its_integrity_check_is_named_on_one_line(tmp_path):
     assert "['" not in str(info.value) and "\\" not in str(info.value), str(info.value)
 
 
+def test_a_store_whose_header_forbids_writing_is_integrity_error_not_io(tmp_path):
+    """A header's file-format write version above 2 (damage; a read version
+    above 2 is "not a database" already) makes SQLite open the store read-only: every write said IO_ERROR "attempt to write a readonly
+    database", on a file and filesystem that can be written. Found by a
+    review's page-level damage sweep of the store."""
+    ws = Workspace(tmp_path)
+    with CheckpointStore(ws) as s:
+        s.admit("c1", "p1", 1)
+    data = bytearray(ws.store_path.read_bytes())
+    assert data[18] in (1, 2)
+    data[18] = 3
+    ws.store_path.write_bytes(bytes(data))
+    with pytest.raises(VianoError) as info:
+        with CheckpointStore(ws) as s:
+            s.admit("c2", "p2", 1)
+    assert info.value.code == "INTEGRITY_ERROR" and info.value.path == "checkpoints.sqlite3"
+    assert "header" in str(info.value)
+    assert ws.store_path.read_bytes() == bytes(data)  # not reset
+
+
 def test_foreign_sqlite_file_is_integrity_error(tmp_path):
     ws = Workspace(tmp_path)
     conn = sqlite3.connect(ws.store_path)
