@@ -1348,6 +1348,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
                     step_id=plan["step_id"],
                     request_hash=plan["request_hash"],
                     artifacts=[outputs["case"], outputs["case_summary"], outputs["case_built"]],
+                    manifest_sha256=package.manifest_sha256(manifest["package_generation"]),
                 )
                 crashpoint("build:after-confirm")
                 result = BuildResult(status="published", generation=manifest["package_generation"], **outputs)

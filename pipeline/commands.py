@@ -110,13 +110,17 @@ def _observed(ws, case_id: str):
     taking the case lock or writing anything (status, probes, a read-only
     workspace)."""
     from .packages import Package
+    from .recovery import check_store_is_the_packages
 
     store = _existing_store(ws, case_id, read_only=True)
     try:
         record = store.get(case_id)
+        recorded = store.recorded_manifest_sha256(case_id, record.generation)
     finally:
         store.close()
-    return record, Package(ws, case_id, record.package_id)
+    package = Package(ws, case_id, record.package_id)
+    check_store_is_the_packages(package, record.generation, recorded)
+    return record, package
 
 
 def _out(line: str) -> None:
@@ -226,6 +230,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 store.advance(
                     case_id, "intake", expected_generation=record.generation,
                     new_generation=new_manifest["package_generation"],
+                    manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
                 )
             finally:
                 staged.cleanup()
@@ -502,6 +507,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                 case_id, "reopen", expected_generation=record.generation,
                 new_generation=new_manifest["package_generation"],
                 detail={"by": source, "reason": text},
+                manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
             )
             leave_prior_view(ws, case_id, package)
     finally:
@@ -749,6 +755,7 @@ def _limits_line(ws) -> str:
 def cmd_status(case=None, workspace=None) -> None:
     """Print state, revision, generation, artifacts, checkpoints and the build outlook."""
     from .packages import Package
+    from .recovery import check_store_is_the_packages
     from .status import build_outlook
     from .workspace import case_lock_held_elsewhere
 
@@ -757,10 +764,12 @@ def cmd_status(case=None, workspace=None) -> None:
     try:
         record = store.get(case_id)
         checkpoints = store.checkpoints(case_id)
+        recorded = store.recorded_manifest_sha256(case_id, record.generation)
     finally:
         store.close()
     package = Package(ws, case_id, record.package_id)
     manifest = package.manifest(record.generation)
+    check_store_is_the_packages(package, record.generation, recorded)
     # Looked at before the first line: a refusal (a symlinked .locks) must
     # not leave a partial report on stdout.
     held_elsewhere = case_lock_held_elsewhere(ws, case_id)

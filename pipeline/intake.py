@@ -1488,7 +1488,8 @@ def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, man
                 raise _io_error("publishing the admitted case", exc, case_id) from None
             crashpoint("admit:after-rename")
             try:
-                store.admit(case_id, manifest["package_id"], manifest["analysis_revision"], generation=1)
+                store.admit(case_id, manifest["package_id"], manifest["analysis_revision"], generation=1,
+                            manifest_sha256=hashlib.sha256(pretty_bytes(manifest)).hexdigest())
             except BaseException:
                 # Not committed: take the tree back so no orphan is left behind.
                 try:

@@ -106,7 +106,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     state             TEXT NOT NULL CHECK (state IN {STATES!r}),
     artifacts         TEXT NOT NULL,
     detail            TEXT,
-    time              TEXT NOT NULL
+    time              TEXT NOT NULL,
+    manifest_sha256   TEXT
 );
 CREATE INDEX IF NOT EXISTS checkpoints_by_step ON checkpoints (case_id, kind, step_id);
 CREATE TRIGGER IF NOT EXISTS checkpoints_append_only_update BEFORE UPDATE ON checkpoints
@@ -117,6 +118,11 @@ BEGIN SELECT RAISE(ABORT, 'the checkpoint log is append-only'); END;
 
 _CASE_COLUMNS = "case_id, package_id, state, analysis_revision, generation, blocked, prior_state"
 _CP_COLUMNS = "seq, case_id, transition, kind, step_id, request_hash, generation, analysis_revision, state, artifacts, detail, time"
+# Stores made before the column existed get it on their first writing open
+# (older builders name their columns, so they still read and write such a
+# store; their checkpoints leave it NULL, which nothing is compared with).
+_ADD_MANIFEST_COLUMN = "ALTER TABLE checkpoints ADD COLUMN manifest_sha256 TEXT"
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # "A case built for the current revision", as one SQL expression over a cases row `c`.
 _BUILT_SQL = (
     "EXISTS (SELECT 1 FROM checkpoints k WHERE k.case_id = c.case_id AND k.kind = 'complete' "
@@ -357,14 +363,19 @@ class CheckpointStore:
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None or row[0] != str(SCHEMA_VERSION):
             raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store has schema version {row[0] if row else None!r}, expected {SCHEMA_VERSION}")
+        self._manifest_column = self._has_manifest_column()
+
+    def _has_manifest_column(self) -> bool:
+        return any(row[1] == "manifest_sha256" for row in self._conn.execute("PRAGMA table_info(checkpoints)"))
 
     def _ensure_schema(self) -> None:
         conn = self._conn
+        self._manifest_column = True
         # Fast path without a write lock, so opening never waits for a busy writer.
         has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
         if has_meta:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-            if row is not None and row[0] == str(SCHEMA_VERSION):
+            if row is not None and row[0] == str(SCHEMA_VERSION) and self._has_manifest_column():
                 return
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -381,6 +392,8 @@ class CheckpointStore:
                 conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
                 raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store has schema version {row[0]!r}, expected {SCHEMA_VERSION}")
+            if not self._has_manifest_column():
+                conn.execute(_ADD_MANIFEST_COLUMN)
             conn.execute("COMMIT")
         except BaseException:
             # A COMMIT that failed for a full disk has rolled back already:
@@ -469,25 +482,32 @@ class CheckpointStore:
         return None if row is None else self._checkpoint(row)
 
     @staticmethod
-    def _append(conn, case_id, transition, step_id, request_hash, generation, revision, state, artifacts, detail) -> Checkpoint:
+    def _append(conn, case_id, transition, step_id, request_hash, generation, revision, state, artifacts, detail,
+                manifest_sha256: str | None = None) -> Checkpoint:
         time = _now()
         arts = json.dumps(list(artifacts), ensure_ascii=False)
         det = None if detail is None else json.dumps(detail, sort_keys=True, ensure_ascii=False)
         cur = conn.execute(
             "INSERT INTO checkpoints (case_id, transition, kind, step_id, request_hash, generation, analysis_revision, "
-            "state, artifacts, detail, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "state, artifacts, detail, time, manifest_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (case_id, transition, _KIND.get(transition, transition), step_id, request_hash, generation, revision, state,
-             arts, det, time),
+             arts, det, time, manifest_sha256),
         )
         return Checkpoint(cur.lastrowid, case_id, transition, _KIND.get(transition, transition), step_id, request_hash,
                           generation, revision, state, tuple(artifacts), detail, time)
 
     # ---------------------------------------------------------------- public API
 
-    def admit(self, case_id: str, package_id: str, analysis_revision: int, generation: int = 1) -> CaseRecord:
-        """Record a newly admitted case in VALIDATED; ``CASE_EXISTS`` if the id is taken."""
+    def admit(self, case_id: str, package_id: str, analysis_revision: int, generation: int = 1, *,
+              manifest_sha256: str | None = None) -> CaseRecord:
+        """Record a newly admitted case in VALIDATED; ``CASE_EXISTS`` if the id is taken.
+
+        ``manifest_sha256``: the SHA-256 of the admitted generation's manifest
+        bytes, which ties this store's record to the package it was made for
+        (:meth:`recorded_manifest_sha256`)."""
         validate_id(case_id, "case id")
         validate_id(package_id, "package id")
+        _check_manifest_sha256(manifest_sha256)
         if not _is_int(analysis_revision) or analysis_revision < 1:
             raise _invalid("analysis_revision must be an integer >= 1")
         if not _is_int(generation) or generation < 1:
@@ -500,7 +520,8 @@ class CheckpointStore:
                 "INSERT INTO cases (case_id, package_id, state, analysis_revision, generation) VALUES (?, ?, ?, ?, ?)",
                 (case_id, package_id, "VALIDATED", analysis_revision, generation),
             )
-            self._append(conn, case_id, "admit", None, None, generation, analysis_revision, "VALIDATED", (), None)
+            self._append(conn, case_id, "admit", None, None, generation, analysis_revision, "VALIDATED", (), None,
+                         manifest_sha256)
             return self._get(conn, case_id)
 
         return self._write(body, f"admitting {case_id}")
@@ -536,6 +557,31 @@ class CheckpointStore:
         except sqlite3.Error as exc:
             raise _db_error(exc, "reading checkpoints", self.workspace.store_path) from None
 
+    def recorded_manifest_sha256(self, case_id: str, generation: int) -> str | None:
+        """The SHA-256 of ``generation``'s manifest as recorded when the store
+        took that generation in (admit, intake, reopen, case_built), or None:
+        not recorded (a store older than the record, or a step that gave
+        none). The package's manifest of that generation must still have
+        it: manifests are immutable, so another digest means the store was
+        made for another copy of the package (a store copied from another
+        workspace)."""
+        validate_id(case_id, "case id")
+        if not self._manifest_column:
+            return None
+        rows = self._read(
+            "SELECT manifest_sha256 FROM checkpoints WHERE case_id = ? AND generation = ? AND manifest_sha256 IS NOT NULL "
+            "ORDER BY seq LIMIT 1",
+            (case_id, generation),
+            "reading checkpoints",
+        )
+        if not rows:
+            return None
+        digest = rows[0][0]
+        if not isinstance(digest, str) or _SHA256_RE.fullmatch(digest) is None:
+            raise IntegrityError("INTEGRITY_ERROR", f"case {case_id}'s record of generation {generation} is corrupt",
+                                 path=self.workspace.store_path.name)
+        return digest
+
     def advance(
         self,
         case_id: str,
@@ -547,6 +593,7 @@ class CheckpointStore:
         new_generation: int | None = None,
         artifacts: Iterable[str] = (),
         detail: dict | None = None,
+        manifest_sha256: str | None = None,
     ) -> Checkpoint:
         """Apply ``transition`` if the case is still at ``expected_generation``; return its checkpoint.
 
@@ -568,7 +615,10 @@ class CheckpointStore:
         ``block`` needs ``detail={"code", "route", "retry_after"}`` (code a
         non-empty string, route a string, retry_after None, seconds >= 0 or a
         string); other transitions keep ``detail`` as a note (e.g. who reopened
-        and why).
+        and why). ``manifest_sha256`` (optional) is the SHA-256 of
+        ``new_generation``'s manifest bytes, for the steps that take a
+        generation in (``intake``, ``case_built``, ``reopen`` with a
+        ``new_generation``); see :meth:`recorded_manifest_sha256`.
 
         ``intake`` is allowed while BLOCKED -- the package already holds the
         published generation, and the store must not fall behind it; the case
@@ -604,6 +654,9 @@ class CheckpointStore:
                 raise _invalid("case_built needs new_generation")
         if transition == "intake" and new_generation is None:
             raise _invalid("intake needs new_generation")
+        _check_manifest_sha256(manifest_sha256)
+        if manifest_sha256 is not None and (transition not in ("intake", "case_built", "reopen") or new_generation is None):
+            raise _invalid("manifest_sha256 goes with a step that takes in a new_generation (intake, case_built, reopen)")
         if transition == "block":
             _check_block(detail)
 
@@ -696,9 +749,17 @@ class CheckpointStore:
                 "WHERE case_id = ?",
                 (state, revision, generation, blocked_json, prior_state, case_id),
             )
-            return self._append(conn, case_id, transition, step_id, request_hash, generation, revision, state, artifacts, detail)
+            # A reopen without a new generation records no manifest.
+            digest = manifest_sha256 if generation == new_generation else None
+            return self._append(conn, case_id, transition, step_id, request_hash, generation, revision, state, artifacts,
+                                detail, digest)
 
         return self._write(body, f"{transition} of {case_id}")
+
+
+def _check_manifest_sha256(digest: str | None) -> None:
+    if digest is not None and (not isinstance(digest, str) or _SHA256_RE.fullmatch(digest) is None):
+        raise _invalid("manifest_sha256 must be a lower-case SHA-256 hex digest")
 
 
 def _check_block(detail: dict | None) -> None:

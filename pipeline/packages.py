@@ -821,6 +821,7 @@ class Package:
         below = f"cases/{self.case_id}/packages/{self.package_id}"
         refuse_symlinks(workspace, f"{below}/content", f"{below}/manifests")
         self._cache: dict[int, dict] = {}
+        self._digests: dict[int, str] = {}
         self._parsed = parsed_manifests
 
     @classmethod
@@ -832,6 +833,7 @@ class Package:
         pkg.package_id = validate_id(package_id, "package id")
         pkg.dir = Path(os.path.abspath(os.fspath(directory)))
         pkg._cache = {}
+        pkg._digests = {}
         pkg._parsed = None
         return pkg
 
@@ -877,6 +879,13 @@ class Package:
             self._cache[generation] = cached
         return json_copy(cached) if copy else cached
 
+    def manifest_sha256(self, generation: int) -> str:
+        """The SHA-256 of ``generation``'s manifest bytes (the manifest is
+        loaded and checked, as by :meth:`manifest`, if it was not yet)."""
+        if generation not in self._digests:
+            self._cache[generation] = self._load(generation)
+        return self._digests[generation]
+
     def _load(self, generation: int) -> dict:
         name = manifest_name(generation)
         label = f"manifests/{name}"
@@ -890,11 +899,11 @@ class Package:
             data = read_fd_at_most(fd, MANIFEST_MAX_BYTES, label=label, error=IntegrityError, code="INTEGRITY_ERROR")
         finally:
             os.close(fd)
-        digest = hashlib.sha256(data).hexdigest() if self._parsed is not None else None
-        doc = self._parsed.get(digest) if digest is not None else None
+        digest = hashlib.sha256(data).hexdigest()
+        doc = self._parsed.get(digest) if self._parsed is not None else None
         if doc is None:
             doc = _checked_manifest(data, label)
-            if digest is not None:
+            if self._parsed is not None:
                 self._parsed.put(digest, doc)
         mismatch = [
             key
@@ -903,6 +912,7 @@ class Package:
         ]
         if mismatch:
             raise IntegrityError("INTEGRITY_ERROR", f"manifest does not belong here: {', '.join(mismatch)} differ", path=label)
+        self._digests[generation] = digest
         return doc
 
     def _entry(self, relpath: str, manifest: dict | None) -> tuple[dict, dict]:
@@ -1102,11 +1112,13 @@ class PackageWriter:
             ) from None
         finally:
             os.close(dir_fd)
+        digest = hashlib.sha256(data).hexdigest()
         pkg._cache[manifest["package_generation"]] = json_copy(manifest)
+        pkg._digests[manifest["package_generation"]] = digest
         if pkg._parsed is not None:
             # These very bytes were just built from this dict: the next
             # process that plans need not decode and check them again.
-            pkg._parsed.put(hashlib.sha256(data).hexdigest(), manifest, published=True)
+            pkg._parsed.put(digest, manifest, published=True)
         return manifest
 
     # -- helpers

@@ -25,7 +25,7 @@ from .jsoncanon import decode_strict
 from .plan import case_paths_for
 from .workspace import ADMISSION_MARKER, is_staging_name
 
-__all__ = ["roll_forward", "remove_unpublished_content"]
+__all__ = ["roll_forward", "remove_unpublished_content", "check_store_is_the_packages"]
 
 _CASE_BUILT_LIMIT = 1024 * 1024
 _MANIFEST_PARSE_LIMIT = 64 * 1024 * 1024
@@ -50,6 +50,7 @@ def roll_forward(store, package, case_id: str):
             f"generation {current}: a published manifest is missing; nothing was changed",
             path=f"manifests/{manifest_name(current + 1)}",
         )
+    check_store_is_the_packages(package, record.generation, store.recorded_manifest_sha256(case_id, record.generation))
     _remove_manifest_temps(package)
     remove_dead_staging(package.workspace)
     # The store row exists, so an admission marker left by a crash between the
@@ -74,7 +75,7 @@ def roll_forward(store, package, case_id: str):
                 recorded = decode_strict(data, max_bytes=_CASE_BUILT_LIMIT, path=note, error=IntegrityError)
                 detail = {"by": recorded.get("by"), "reason": recorded.get("reason"), "recovered": True}
             store.advance(case_id, "reopen", expected_generation=record.generation, new_generation=target,
-                          detail=detail)
+                          detail=detail, manifest_sha256=package.manifest_sha256(target))
         elif outputs["case_built"] in manifest["files"] and outputs["case_built"] not in previous["files"]:
             data = package.read_verified(outputs["case_built"], _CASE_BUILT_LIMIT, manifest=manifest)
             built = decode_strict(data, max_bytes=_CASE_BUILT_LIMIT, path=outputs["case_built"], error=IntegrityError)
@@ -89,12 +90,38 @@ def roll_forward(store, package, case_id: str):
                 step_id=built["step_id"],
                 request_hash=built["request_hash"],
                 artifacts=[outputs["case"], outputs["case_summary"], outputs["case_built"]],
+                manifest_sha256=package.manifest_sha256(target),
             )
         else:
-            store.advance(case_id, "intake", expected_generation=record.generation, new_generation=target)
+            store.advance(case_id, "intake", expected_generation=record.generation, new_generation=target,
+                          manifest_sha256=package.manifest_sha256(target))
         record = store.get(case_id)
     remove_unpublished_content(package)
     return record
+
+
+def check_store_is_the_packages(package, generation: int, recorded_sha256: str | None) -> None:
+    """Refuse a store record made for another copy of this package: the
+    store took ``generation`` in as a manifest with ``recorded_sha256``, and
+    a published manifest never changes, so the package's manifest of that
+    generation must still have it. Another digest means the store came from
+    another workspace (same case and package ids, another history); taking
+    it for this one's would show its checkpoints as this package's and
+    refuse builds for a confirmation this package never had. Nothing to
+    compare for a store older than the record (None)."""
+    if recorded_sha256 is None:
+        return
+    from .packages import manifest_name
+
+    found = package.manifest_sha256(generation)
+    if found != recorded_sha256:
+        raise IntegrityError(
+            "INTEGRITY_ERROR",
+            f"the checkpoint store is not this workspace's record of case {package.case_id}: it took in generation "
+            f"{generation} as a manifest with SHA-256 {recorded_sha256[:16]}..., and manifests/{manifest_name(generation)} "
+            f"here has {found[:16]}... (a store copied from another workspace?); nothing was changed",
+            path=package.workspace.store_path.name if package.workspace is not None else None,
+        )
 
 
 def remove_dead_staging(workspace) -> None:

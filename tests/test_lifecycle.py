@@ -49,6 +49,53 @@ def built_case(store, case_id="c1"):
     )
 
 
+# ---------------------------------------------------------------- manifest digests
+
+
+def test_the_steps_that_take_a_generation_in_record_its_manifest_digest(store):
+    digests = {g: f"{g:x}" * 64 for g in range(1, 5)}
+    store.admit("c1", "p1", 1, manifest_sha256=digests[1])
+    store.advance("c1", "intake", expected_generation=1, new_generation=2, manifest_sha256=digests[2])
+    store.advance("c1", "start_build", expected_generation=2, step_id=STEP1)
+    store.advance("c1", "case_built", expected_generation=2, step_id=STEP1, request_hash="h1", new_generation=3,
+                  manifest_sha256=digests[3])
+    store.advance("c1", "reopen", expected_generation=3, new_generation=4, manifest_sha256=digests[4])
+    assert [store.recorded_manifest_sha256("c1", g) for g in (1, 2, 3, 4, 5)] == [*digests.values(), None]
+    assert store.recorded_manifest_sha256("other", 1) is None
+
+
+@pytest.mark.parametrize("digest", ["A" * 64, "a" * 63, "g" * 64, 7, b"a" * 64])
+def test_a_malformed_manifest_digest_is_refused_and_records_nothing(store, digest):
+    assert code_of(store.admit, "c1", "p1", 1, manifest_sha256=digest) == "INVALID_ARGUMENT"
+    assert not store.exists("c1")
+    store.admit("c1", "p1", 1)
+    assert code_of(store.advance, "c1", "intake", expected_generation=1, new_generation=2,
+                   manifest_sha256=digest) == "INVALID_ARGUMENT"
+    assert store.get("c1").generation == 1
+
+
+def test_a_manifest_digest_goes_only_with_a_step_that_takes_a_generation_in(store):
+    store.admit("c1", "p1", 1)
+    assert code_of(store.advance, "c1", "start_build", expected_generation=1, step_id=STEP1,
+                   manifest_sha256="a" * 64) == "INVALID_ARGUMENT"
+    built_case(store, "c2")
+    assert code_of(store.advance, "c2", "reopen", expected_generation=2, manifest_sha256="a" * 64) == "INVALID_ARGUMENT"
+    assert [c.kind for c in store.checkpoints("c1")] == ["admit"]
+    assert store.get("c2").state == "BUILDING_CASE"
+
+
+def test_a_corrupt_manifest_digest_in_the_store_is_integrity_error(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    with CheckpointStore(ws) as store:
+        store.admit("c1", "p1", 1, manifest_sha256="a" * 64)
+    with sqlite3.connect(ws.store_path) as conn:
+        conn.execute("DROP TRIGGER checkpoints_append_only_update")
+        conn.execute("UPDATE checkpoints SET manifest_sha256 = 'x'")
+    conn.close()
+    with CheckpointStore(ws) as store:
+        assert code_of(store.recorded_manifest_sha256, "c1", 1) == "INTEGRITY_ERROR"
+
+
 # ---------------------------------------------------------------- the happy path
 
 
