@@ -201,10 +201,29 @@ def _validate_with(
     first = min(errors, key=lambda e: (_path_key(_error_parts(e)), e.message))
     raise error(
         "SCHEMA_VIOLATION",
-        f"{name}: {first.message}",
+        f"{name}: {_message(first)}",
         path=path,
         pointer=json_pointer(_error_parts(first)),
     )
+
+
+def _message(error) -> str:
+    """jsonschema's message, but where it quotes a string: its repr()
+    doubles every backslash and the printer (``errors.one_line``) escapes
+    each once more, so a blank title's pattern and a time's line break came
+    out with four backslashes for one. Such strings (a pattern or format
+    failure's) are quoted plainly and left to the printer to escape once;
+    the patterns are the contracts' own, shown as written."""
+    if error.validator in ("pattern", "format") and isinstance(error.instance, str):
+        shown = error.instance if len(error.instance) <= 120 else error.instance[:117] + "..."
+        if error.validator == "format":
+            return f"'{shown}' is not a valid {error.validator_value}"
+        if error.validator_value == r"\S":
+            return f"'{shown}' is blank: at least one non-whitespace character is required"
+        return f"'{shown}' does not match the pattern {error.validator_value}"
+    if error.validator == "not" and error.validator_value == {"pattern": r"\n"}:
+        return "a line break is not allowed here"
+    return error.message
 
 
 def validate(name: str, document: Any, *, path: str | None = None, error: type[VianoError] = CaseBuildError) -> None:

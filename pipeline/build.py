@@ -1111,7 +1111,10 @@ def _assemble_spliced(
     _ASSEMBLED.clear()
     _hand_to_render(cache, (data, part, previous_summary, following, _units(snapshot), prior_sources))
     added = len(snapshot["reports"]) + len(snapshot["reproductions"]) - len(carried_paths)
-    _progress(f"assemble: {added} new input(s) appended to the {len(carried_paths)} of the previous build")
+    if added:
+        _progress(f"assemble: {added} new input(s) appended to the {len(carried_paths)} of the previous build")
+    else:  # a reopen built before anything was appended
+        _progress(f"assemble: no new input since the previous build; its {len(carried_paths)} carried forward")
     return True
 
 

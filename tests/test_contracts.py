@@ -911,3 +911,36 @@ def test_case_date_times_are_checked_alike_by_schema_and_struct(pointer):
     ):
         parent[key] = value
         assert _case_accepted(case) == (accepted, accepted), (pointer, value)
+
+
+# ---------------------------------------------------------------- printed refusals
+
+
+def _printed_refusal(document) -> str:
+    with pytest.raises(CaseBuildError) as info:
+        contracts.validate("bug-report", document, path="r.json")
+    return str(info.value)
+
+
+def _report(**fields):
+    return {"format": "viano-bug-report", "format_version": 1, "title": "t", "observations": [], **fields}
+
+
+@pytest.mark.parametrize(("title", "shown"), [("  ", "'  '"), ("\t\n", "'\\t\\n'")])
+def test_a_blank_string_is_said_to_be_blank_with_each_backslash_escaped_once(title, shown):
+    printed = _printed_refusal(_report(title=title))
+    assert printed == f"SCHEMA_VIOLATION: bug-report: {shown} is blank: at least one non-whitespace character is required (r.json#/title)"
+
+
+def test_a_format_refusal_shows_the_string_escaped_once():
+    printed = _printed_refusal(_report(observations=[{"text": "a", "observed_at": "2026-01-01T00:00:00Z\n"}]))
+    assert printed == ("SCHEMA_VIOLATION: bug-report: '2026-01-01T00:00:00Z\\n' is not a valid date-time "
+                       "(r.json#/observations/0/observed_at)")
+
+
+def test_a_pattern_refusal_shows_the_contracts_pattern_as_written():
+    errors = list(Draft202012Validator({"pattern": "^[0-9a-f]{64}(?![\\s\\S])"}).iter_errors("x\\y"))
+    message = contracts.schemas._message(errors[0])
+    assert message == "'x\\y' does not match the pattern ^[0-9a-f]{64}(?![\\s\\S])"
+    long = list(Draft202012Validator({"pattern": "^a$"}).iter_errors("b" * 500))
+    assert len(contracts.schemas._message(long[0])) < 200

@@ -9,7 +9,8 @@ included, workspace paths aside), every published case.json and
 case_summary.md byte for byte, the build's cached outputs (published or,
 after `doit render`, not), and every package file and manifest.
 Where the splice applies, ``A`` must also say it spliced (the stderr line
-``assemble: N new input(s) appended to the M of the previous build``).
+``assemble: N new input(s) appended to the M of the previous build``, or
+``assemble: no new input since the previous build; its M carried forward``).
 
 Pure-function properties of the splice are in tests/test_splice.py; this
 file holds the build-level decisions (``_splice_start``, the carried
@@ -32,7 +33,11 @@ from tests.conftest import REPO, doit_env
 from tests.e2e import kit
 from tests.e2e.test_build import standard_package
 
-SPLICED = re.compile(r"^assemble: (\d+) new input\(s\) appended to the (\d+) of the previous build$", re.M)
+SPLICED = re.compile(
+    r"^assemble: (?:(\d+) new input\(s\) appended to the (\d+) of the previous build"
+    r"|no new input since the previous build; its (\d+) carried forward)$",
+    re.M,
+)
 _PROGRESS = re.compile(r"^(\.  |-- )\S")  # doit's task lines: the same tasks run in A and B
 
 _API_BUILD = """
@@ -150,7 +155,7 @@ class Twins:
         assert kit.tree_digest(self.ws["A"] / "cases") == kit.tree_digest(self.ws["B"] / "cases"), where
         assert not SPLICED.search(b.stderr), where  # B has no state: never spliced
         found = SPLICED.search(a.stderr)
-        did = (int(found.group(1)), int(found.group(2))) if found else None
+        did = (int(found.group(1) or 0), int(found.group(2) or found.group(3))) if found else None
         if splice is False:
             assert did is None, where
         elif splice is not None:
@@ -235,7 +240,8 @@ def test_reproduction_appends_splice_across_every_reopen(tmp_path):
     assert [r["path"] for r in twins.case(3)["inputs"]["unclassified"]] == ["original/unlisted.txt"]
 
     _reopen(twins, "again")
-    twins.run("build", "case=c1", splice=(0, 4))  # a reopen built without any append
+    built = twins.run("build", "case=c1", splice=(0, 4))  # a reopen built without any append
+    assert "assemble: no new input since the previous build; its 4 carried forward\n" in built.stderr
 
     _reopen(twins, "third")
     repro3 = kit.reproduction(steps=["Wait"], observations=[{"text": "Still off", "claim": {"key": "switch.state", "value": "on"}}],
