@@ -565,10 +565,8 @@ def _plan_key(package, record, limits: CaseBuilderLimits) -> str:
     import hashlib
 
     from .doitcli import code_version
-    from .packages import manifest_name
 
-    with open(package.manifests_dir / manifest_name(record.generation), "rb") as handle:
-        manifest_digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    manifest_digest = package.manifest_sha256(record.generation)
     parts = [code_version(), record.case_id, record.package_id, record.state, str(record.analysis_revision),
              str(record.generation), str(package.current_generation()), manifest_digest, repr(sorted(limits.to_dict().items()))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -115,7 +115,7 @@ def _observed(ws, case_id: str):
     store = _existing_store(ws, case_id, read_only=True)
     try:
         record = store.get(case_id)
-        recorded = store.recorded_manifest_sha256(case_id, record.generation)
+        recorded = store.recorded_manifest(case_id, record.generation)
     finally:
         store.close()
     package = Package(ws, case_id, record.package_id)
@@ -764,12 +764,12 @@ def cmd_status(case=None, workspace=None) -> None:
     try:
         record = store.get(case_id)
         checkpoints = store.checkpoints(case_id)
-        recorded = store.recorded_manifest_sha256(case_id, record.generation)
+        recorded = store.recorded_manifest(case_id, record.generation)
     finally:
         store.close()
     package = Package(ws, case_id, record.package_id)
-    manifest = package.manifest(record.generation)
     check_store_is_the_packages(package, record.generation, recorded)
+    manifest = package.manifest(record.generation)
     # Looked at before the first line: a refusal (a symlinked .locks) must
     # not leave a partial report on stdout.
     held_elsewhere = case_lock_held_elsewhere(ws, case_id)

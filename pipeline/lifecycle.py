@@ -504,7 +504,7 @@ class CheckpointStore:
 
         ``manifest_sha256``: the SHA-256 of the admitted generation's manifest
         bytes, which ties this store's record to the package it was made for
-        (:meth:`recorded_manifest_sha256`)."""
+        (:meth:`recorded_manifest`)."""
         validate_id(case_id, "case id")
         validate_id(package_id, "package id")
         _check_manifest_sha256(manifest_sha256)
@@ -557,30 +557,32 @@ class CheckpointStore:
         except sqlite3.Error as exc:
             raise _db_error(exc, "reading checkpoints", self.workspace.store_path) from None
 
-    def recorded_manifest_sha256(self, case_id: str, generation: int) -> str | None:
-        """The SHA-256 of ``generation``'s manifest as recorded when the store
-        took that generation in (admit, intake, reopen, case_built), or None:
-        not recorded (a store older than the record, or a step that gave
-        none). The package's manifest of that generation must still have
-        it: manifests are immutable, so another digest means the store was
-        made for another copy of the package (a store copied from another
-        workspace)."""
+    def recorded_manifest(self, case_id: str, generation: int) -> tuple[int, str] | None:
+        """``(generation, sha256)``: the latest generation at or below
+        ``generation`` whose manifest digest the store recorded when it took
+        that generation in (admit, intake, reopen, case_built), or None when
+        it recorded none (a store older than the record; a builder before
+        session 16 leaves the digest out of the steps it records, so the
+        latest one recorded may be an earlier generation's). The package's
+        manifest of that generation must still have it: manifests are
+        immutable, so another digest means the store was made for another
+        copy of the package (a store copied from another workspace)."""
         validate_id(case_id, "case id")
         if not self._manifest_column:
             return None
         rows = self._read(
-            "SELECT manifest_sha256 FROM checkpoints WHERE case_id = ? AND generation = ? AND manifest_sha256 IS NOT NULL "
-            "ORDER BY seq LIMIT 1",
+            "SELECT generation, manifest_sha256 FROM checkpoints WHERE case_id = ? AND generation <= ? "
+            "AND manifest_sha256 IS NOT NULL ORDER BY generation DESC, seq LIMIT 1",
             (case_id, generation),
             "reading checkpoints",
         )
         if not rows:
             return None
-        digest = rows[0][0]
+        recorded_generation, digest = rows[0]
         if not isinstance(digest, str) or _SHA256_RE.fullmatch(digest) is None:
-            raise IntegrityError("INTEGRITY_ERROR", f"case {case_id}'s record of generation {generation} is corrupt",
+            raise IntegrityError("INTEGRITY_ERROR", f"case {case_id}'s record of generation {recorded_generation} is corrupt",
                                  path=self.workspace.store_path.name)
-        return digest
+        return recorded_generation, digest
 
     def advance(
         self,
@@ -618,7 +620,7 @@ class CheckpointStore:
         and why). ``manifest_sha256`` (optional) is the SHA-256 of
         ``new_generation``'s manifest bytes, for the steps that take a
         generation in (``intake``, ``case_built``, ``reopen`` with a
-        ``new_generation``); see :meth:`recorded_manifest_sha256`.
+        ``new_generation``); see :meth:`recorded_manifest`.
 
         ``intake`` is allowed while BLOCKED -- the package already holds the
         published generation, and the store must not fall behind it; the case

@@ -880,13 +880,15 @@ class Package:
         return json_copy(cached) if copy else cached
 
     def manifest_sha256(self, generation: int) -> str:
-        """The SHA-256 of ``generation``'s manifest bytes (the manifest is
-        loaded and checked, as by :meth:`manifest`, if it was not yet)."""
-        if generation not in self._digests:
-            self._cache[generation] = self._load(generation)
-        return self._digests[generation]
+        """The SHA-256 of ``generation``'s manifest bytes, as they are
+        (neither decoded nor checked: a no-op build compares it with the
+        store's record without importing the decoder)."""
+        digest = self._digests.get(generation)
+        if digest is None:
+            digest = self._digests[generation] = hashlib.sha256(self._manifest_bytes(generation)).hexdigest()
+        return digest
 
-    def _load(self, generation: int) -> dict:
+    def _manifest_bytes(self, generation: int) -> bytes:
         name = manifest_name(generation)
         label = f"manifests/{name}"
         try:
@@ -896,9 +898,13 @@ class Package:
                 raise CaseBuildError("MANIFEST_MISSING", f"package has no generation {generation}", path=label) from None
             raise IntegrityError("INTEGRITY_ERROR", f"manifest is not a plain file: {exc.message}", path=label) from None
         try:
-            data = read_fd_at_most(fd, MANIFEST_MAX_BYTES, label=label, error=IntegrityError, code="INTEGRITY_ERROR")
+            return read_fd_at_most(fd, MANIFEST_MAX_BYTES, label=label, error=IntegrityError, code="INTEGRITY_ERROR")
         finally:
             os.close(fd)
+
+    def _load(self, generation: int) -> dict:
+        label = f"manifests/{manifest_name(generation)}"
+        data = self._manifest_bytes(generation)
         digest = hashlib.sha256(data).hexdigest()
         doc = self._parsed.get(digest) if self._parsed is not None else None
         if doc is None:

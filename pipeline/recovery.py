@@ -40,17 +40,7 @@ def roll_forward(store, package, case_id: str):
     lost generations published would otherwise look unpublished and be
     removed."""
     record = store.get(case_id)
-    current = package.current_generation()
-    if record.generation > current:
-        from .packages import manifest_name
-
-        raise IntegrityError(
-            "INTEGRITY_ERROR",
-            f"the checkpoint store records generation {record.generation} but the package's manifests end at "
-            f"generation {current}: a published manifest is missing; nothing was changed",
-            path=f"manifests/{manifest_name(current + 1)}",
-        )
-    check_store_is_the_packages(package, record.generation, store.recorded_manifest_sha256(case_id, record.generation))
+    current = check_store_is_the_packages(package, record.generation, store.recorded_manifest(case_id, record.generation))
     _remove_manifest_temps(package)
     remove_dead_staging(package.workspace)
     # The store row exists, so an admission marker left by a crash between the
@@ -100,28 +90,47 @@ def roll_forward(store, package, case_id: str):
     return record
 
 
-def check_store_is_the_packages(package, generation: int, recorded_sha256: str | None) -> None:
-    """Refuse a store record made for another copy of this package: the
-    store took ``generation`` in as a manifest with ``recorded_sha256``, and
-    a published manifest never changes, so the package's manifest of that
-    generation must still have it. Another digest means the store came from
-    another workspace (same case and package ids, another history); taking
-    it for this one's would show its checkpoints as this package's and
-    refuse builds for a confirmation this package never had. Nothing to
-    compare for a store older than the record (None)."""
-    if recorded_sha256 is None:
-        return
+def check_store_is_the_packages(package, generation: int, recorded: tuple[int, str] | None) -> int:
+    """Refuse a store whose record of the case is not this package's; return
+    the package's current generation.
+
+    * The store at a generation beyond the package's manifests: a published
+      manifest went missing (everything the lost generations published would
+      otherwise look unpublished, and a roll-forward would remove it).
+    * ``recorded``, ``(generation, sha256)`` from
+      :meth:`CheckpointStore.recorded_manifest`, not the package's manifest
+      of that generation: a published manifest never changes, so the store
+      was made for another copy of the package (a store copied from another
+      workspace with the same case and package ids, another history); taking
+      it for this one's would show its checkpoints as this package's and
+      refuse builds for a confirmation this package never had. None (a store
+      older than the record) is compared with nothing.
+
+    Both are ``INTEGRITY_ERROR`` before anything is touched."""
     from .packages import manifest_name
 
-    found = package.manifest_sha256(generation)
+    current = package.current_generation()
+    if generation > current:
+        raise IntegrityError(
+            "INTEGRITY_ERROR",
+            f"the checkpoint store records generation {generation} but the package's manifests end at "
+            f"generation {current}: a published manifest is missing; nothing was changed",
+            path=f"manifests/{manifest_name(current + 1)}",
+        )
+    if recorded is None:
+        return current
+    recorded_generation, recorded_sha256 = recorded
+    found = package.manifest_sha256(recorded_generation)
     if found != recorded_sha256:
         raise IntegrityError(
             "INTEGRITY_ERROR",
             f"the checkpoint store is not this workspace's record of case {package.case_id}: it took in generation "
-            f"{generation} as a manifest with SHA-256 {recorded_sha256[:16]}..., and manifests/{manifest_name(generation)} "
-            f"here has {found[:16]}... (a store copied from another workspace?); nothing was changed",
+            f"{recorded_generation} as a manifest with SHA-256 {recorded_sha256[:16]}..., and "
+            f"manifests/{manifest_name(recorded_generation)} here has {found[:16]}... (a store copied from another "
+            "workspace?); nothing was changed",
             path=package.workspace.store_path.name if package.workspace is not None else None,
         )
+    return current
 
 
 def remove_dead_staging(workspace) -> None:

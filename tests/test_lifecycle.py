@@ -60,8 +60,12 @@ def test_the_steps_that_take_a_generation_in_record_its_manifest_digest(store):
     store.advance("c1", "case_built", expected_generation=2, step_id=STEP1, request_hash="h1", new_generation=3,
                   manifest_sha256=digests[3])
     store.advance("c1", "reopen", expected_generation=3, new_generation=4, manifest_sha256=digests[4])
-    assert [store.recorded_manifest_sha256("c1", g) for g in (1, 2, 3, 4, 5)] == [*digests.values(), None]
-    assert store.recorded_manifest_sha256("other", 1) is None
+    assert [store.recorded_manifest("c1", g) for g in (1, 2, 3, 4)] == list(digests.items())
+    assert store.recorded_manifest("other", 1) is None
+    # A step without a digest (a builder before the record): the latest one recorded below it stands.
+    store.advance("c1", "intake", expected_generation=4, new_generation=5)
+    store.advance("c1", "intake", expected_generation=5, new_generation=6)
+    assert store.recorded_manifest("c1", 6) == store.recorded_manifest("c1", 5) == (4, digests[4])
 
 
 @pytest.mark.parametrize("digest", ["A" * 64, "a" * 63, "g" * 64, 7, b"a" * 64])
@@ -93,7 +97,7 @@ def test_a_corrupt_manifest_digest_in_the_store_is_integrity_error(tmp_path):
         conn.execute("UPDATE checkpoints SET manifest_sha256 = 'x'")
     conn.close()
     with CheckpointStore(ws) as store:
-        assert code_of(store.recorded_manifest_sha256, "c1", 1) == "INTEGRITY_ERROR"
+        assert code_of(store.recorded_manifest, "c1", 1) == "INTEGRITY_ERROR"
 
 
 # ---------------------------------------------------------------- the happy path

@@ -114,8 +114,8 @@ def test_an_older_copy_of_the_workspaces_own_store_is_rolled_forward(tmp_path):
     assert {k: v for k, v in kit.tree_digest(ws).items() if k != STORE} == {
         k: v for k, v in published.items() if k != STORE}
     with CheckpointStore(Workspace(ws), create=False) as store:
-        assert [store.recorded_manifest_sha256("c1", g) for g in (1, 2, 3)] == [
-            _manifest_sha256(ws, g) for g in (1, 2, 3)]
+        assert [store.recorded_manifest("c1", g) for g in (1, 2, 3)] == [
+            (g, _manifest_sha256(ws, g)) for g in (1, 2, 3)]
 
 
 def test_a_store_made_before_the_manifest_record_is_read_and_written(tmp_path):
@@ -140,9 +140,9 @@ def test_a_store_made_before_the_manifest_record_is_read_and_written(tmp_path):
     _append(ws, tmp_path / "a1", "r8")
     _ok(kit.doit("build", "case=c1", workspace=ws))
     with CheckpointStore(Workspace(ws), create=False) as store:
-        recorded = [store.recorded_manifest_sha256("c1", g) for g in (1, 2, 3, 4, 5)]
+        recorded = [store.recorded_manifest("c1", g) for g in (1, 2, 3, 4, 5)]
     assert recorded[:2] == [None, None]
-    assert recorded[2:] == [_manifest_sha256(ws, g) for g in (3, 4, 5)]
+    assert recorded[2:] == [(g, _manifest_sha256(ws, g)) for g in (3, 4, 5)]
 
 
 @pytest.mark.parametrize("generation", [1, 2])
@@ -162,3 +162,51 @@ def test_a_store_copied_at_the_same_generation_with_another_manifest_is_refused(
     line = _one_integrity_line(kit.doit("build", "case=c1", workspace=ws2))
     assert f"generation {generation}" in line
     assert kit.tree_digest(ws2) == before
+
+
+def _forget_digest_of(ws: Path, generation: int) -> None:
+    """The store as a builder before the record leaves it when it takes
+    ``generation`` in: no digest for it (the log's guard is lifted for the
+    edit and put back)."""
+    with sqlite3.connect(ws / STORE) as conn:
+        (guard,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'checkpoints_append_only_update'").fetchone()
+        conn.execute("DROP TRIGGER checkpoints_append_only_update")
+        conn.execute("UPDATE checkpoints SET manifest_sha256 = NULL WHERE generation = ?", (generation,))
+        conn.execute(guard)
+    conn.close()
+
+
+def test_a_copied_store_whose_latest_generation_has_no_digest_is_judged_by_an_earlier_one(tmp_path):
+    """A builder from before the record took ws1's generation 3 in; its
+    generation 2 still has a digest, which ws2's manifest does not have."""
+    source = standard_package(tmp_path / "src")
+    ws1 = _admitted(tmp_path / "ws1", source)
+    ws2 = _admitted(tmp_path / "ws2", source)
+    _append(ws1, tmp_path / "a1", "r8")
+    _ok(kit.doit("build", "case=c1", workspace=ws1))
+    _forget_digest_of(ws1, 3)
+    _append(ws2, tmp_path / "a2", "r9")
+    _append(ws2, tmp_path / "a3", "r10")
+    _move_store(ws1, ws2)
+    before = kit.tree_digest(ws2)
+    for command in ("build", "status", "probes", "export"):
+        args = [command, "case=c1"] + ([f"dest={tmp_path / 'out'}"] if command == "export" else [])
+        line = _one_integrity_line(kit.doit(*args, workspace=ws2))
+        assert "generation 2 as a manifest" in line and "manifests/000002.json" in line, (command, line)
+        assert kit.tree_digest(ws2) == before, command
+    # In its own workspace the same store, with the same gap, still works.
+    _ok(kit.doit("build", "case=c1", workspace=ws1))
+    _ok(kit.doit("status", "case=c1", workspace=ws1))
+
+
+@pytest.mark.parametrize("command", ["status", "probes"])
+def test_a_store_ahead_of_the_manifests_is_said_so_by_the_commands_that_only_observe(tmp_path, command):
+    ws = _admitted(tmp_path / "ws", standard_package(tmp_path / "src"))
+    _ok(kit.doit("build", "case=c1", workspace=ws))
+    # The package loses its generation 2 (its manifest), the store keeps it.
+    kit.manifests(ws, "c1")[-1].unlink()
+    before = kit.tree_digest(ws)
+    line = _one_integrity_line(kit.doit(command, "case=c1", workspace=ws))
+    assert "records generation 2 but the package's manifests end at generation 1" in line, line
+    assert kit.tree_digest(ws) == before
