@@ -816,16 +816,21 @@ def cmd_probes(case=None, workspace=None) -> int:
 
     case_id, ws = _context(case, workspace)
     read_workspace_limits(ws.root)  # a refused limits.json stops every command alike
-    record, package = _observed(ws, case_id)
-    manifest = package.manifest(record.generation)
+    _record, package = _observed(ws, case_id)
+    # The latest manifest, not the store's generation: the manifest is the
+    # commit point, so a case published by a build killed before its
+    # checkpoint is published (the next writing command confirms it), and
+    # status and export already count it.
+    manifest = package.manifest(package.current_generation())
     path = manifest.get("artifacts", {}).get("case")
     if not path:
         raise CaseBuildError("NOT_BUILT", f"case {case_id} has no built case document yet")
     data = package.read_verified(path, PUBLISHED_CASE_CEILING, manifest=manifest)
     document = decode_strict(data, max_bytes=PUBLISHED_CASE_CEILING, max_depth=CASE_MAX_DEPTH, path=path)
     built_revision = int(path.split("/")[2])
-    if built_revision < record.analysis_revision:
-        _progress(f"note: revision {record.analysis_revision} has no case yet; these probes are for revision {built_revision}'s case")
+    revision = manifest["analysis_revision"]
+    if built_revision < revision:
+        _progress(f"note: revision {revision} has no case yet; these probes are for revision {built_revision}'s case")
     text, code = probes_command_output(document, path, sha256_hex(data))
     from .doitcli import command_line_stdout
 

@@ -210,3 +210,22 @@ def test_a_store_ahead_of_the_manifests_is_said_so_by_the_commands_that_only_obs
     line = _one_integrity_line(kit.doit(command, "case=c1", workspace=ws))
     assert "records generation 2 but the package's manifests end at generation 1" in line, line
     assert kit.tree_digest(ws) == before
+
+
+def test_probes_with_a_store_behind_the_published_case_read_that_case(tmp_path):
+    """A build killed between its manifest and its checkpoint has published
+    its case (the manifest is the commit point): probes, which only observe,
+    read it as they do once the store has confirmed it (they said NOT_BUILT)."""
+    ws = _admitted(tmp_path / "ws", standard_package(tmp_path / "src"))
+    crashed = kit.doit("build", "case=c1", workspace=ws, env_extra={"VIANO_CRASH_AT": "build:after-publish"})
+    assert crashed.returncode != 0
+    assert len(kit.manifests(ws, "c1")) == 2
+    with CheckpointStore(Workspace(ws), create=False) as store:
+        assert store.get("c1").generation == 1  # not confirmed yet
+    before = kit.tree_digest(ws)
+    behind = kit.doit("probes", "case=c1", workspace=ws)
+    assert kit.tree_digest(ws) == before  # probes only observe
+    _ok(kit.doit("build", "case=c1", workspace=ws))  # confirms it
+    confirmed = kit.doit("probes", "case=c1", workspace=ws)
+    assert (behind.returncode, behind.stdout, behind.stderr) == (confirmed.returncode, confirmed.stdout, confirmed.stderr)
+    assert confirmed.stdout.strip() and "NOT_BUILT" not in behind.stderr
