@@ -286,7 +286,11 @@ def plan_from_manifests(
             documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq,
                               "lenient": path in provisional})
             seq += 1
-    # Research results carry a sibling request.json that must be read and checked too.
+    # Research results carry a sibling request.json that must be read and
+    # checked too: once, however many results of one folder share it (a
+    # document twice would be two read_input tasks of one name, which doit
+    # refuses), and strictly if any result that needs it is read strictly.
+    siblings: dict[str, bool] = {}
     for doc in [d for d in documents if d["role"] == "expected_research"]:
         sibling = doc["path"].rsplit("/", 1)[0] + "/request.json" if "/" in doc["path"] else "request.json"
         if sibling not in files:
@@ -296,9 +300,11 @@ def plan_from_manifests(
                 "RESEARCH_INVALID", "research result has no sibling request.json", path=doc["path"]
             )
         if sibling not in role_of:
-            documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq,
-                              "lenient": doc.get("lenient", False)})
-            seq += 1
+            siblings[sibling] = siblings.get(sibling, True) and doc.get("lenient", False)
+    for sibling, lenient in siblings.items():
+        documents.append({**_ref(sibling, files), "role": "research_request", "contract": "research-request", "seq": seq,
+                          "lenient": lenient})
+        seq += 1
 
 
     structured = set(history) | {d["path"] for d in documents}

@@ -368,6 +368,57 @@ def test_inherited_research_whose_request_is_listed_as_a_report_is_dropped(tmp_p
     assert case["research"]["results"] == []
 
 
+def test_two_research_results_of_one_folder_share_their_request(tmp_path):
+    """Both results of one request folder are built, their request read once:
+    it was planned once per result, two read_input tasks of one name, and
+    doit aborted every build without a code line (found by a seed audit)."""
+    import hashlib
+
+    from pipeline.build import CaseBuilder
+    from pipeline.lifecycle import CheckpointStore
+    from pipeline.workspace import Workspace
+
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("T", expected=[{"text": "on"}])},
+                              index=kit.index(reports=["original/r.json"]))
+    workspaces = {how: tmp_path / how for how in ("cli", "api")}
+    for ws in workspaces.values():
+        assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    request = _case(workspaces["cli"])["research"]["request"]
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    request_hash = hashlib.sha256(canonical).hexdigest()
+    folder = f"research/{request_hash}"
+
+    def result(status: str) -> dict:
+        return {
+            "format": "viano-research-result", "format_version": 1, "provider": {"name": "t", "version": "1"},
+            "request_hash": request_hash, "scope": "intended_behavior", "status": status,
+            "statements": [{"text": f"The switch turns on ({status})", "citations": [0]}],
+            "sources": [{"url": "https://e.org", "title": "S", "retrieved_at": "2026-01-01T00:00:00Z", "excerpt": "on"}],
+        }
+
+    extra = kit.make_append(
+        tmp_path / "research",
+        files={f"{folder}/request.json": canonical, f"{folder}/result.json": result("complete"),
+               f"{folder}/result2.json": result("partial")},
+        index=kit.index(reports=["original/r.json"], expected_research=[f"{folder}/result.json", f"{folder}/result2.json"]),
+    )
+    for ws in workspaces.values():
+        assert kit.doit("reopen", "case=c1", "by=human:a", "reason=research", workspace=ws).returncode == 0
+        assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    built = kit.doit("build", "case=c1", workspace=workspaces["cli"])
+    assert built.returncode == 0, built.stderr
+    assert built.stderr.count(f".  read_input:{folder}/request.json") == 1, built.stderr
+    with CheckpointStore(Workspace(workspaces["api"]), create=False) as store:
+        CaseBuilder(store).build("c1", "pkg-1")
+    case = _case(workspaces["cli"], revision=2)
+    assert [entry["path"] for entry in case["research"]["results"]] == [f"{folder}/result.json", f"{folder}/result2.json"]
+    assert {entry["request"]["path"] for entry in case["research"]["results"]} == {f"{folder}/request.json"}
+    published = "content/case/revisions/0002/case.json"
+    assert (kit.package_dir(workspaces["cli"], "c1") / published).read_bytes() == (
+        kit.package_dir(workspaces["api"], "c1") / published).read_bytes()
+
+
 def test_a_research_result_names_its_request_file_in_the_case(tmp_path):
     """request.json is listed in no index role; the case still names it, with
     the result it answers, and the summary shows its path."""
