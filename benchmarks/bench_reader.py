@@ -134,7 +134,7 @@ def build_corpus(total: int = CORPUS_BYTES, seed: int = SEED) -> list[tuple[str,
     while size < total:
         scale = rng.choice([5, 20, 80, 300, 1500, 4000])
         if rng.random() < 0.5:
-            name, doc = "bug-report", make_report(rng, scale)
+            name, doc = "report", make_report(rng, scale)
         else:
             name, doc = "reproduction", make_reproduction(rng, scale)
         indent = rng.choice([None, None, 2])
@@ -147,16 +147,16 @@ def build_corpus(total: int = CORPUS_BYTES, seed: int = SEED) -> list[tuple[str,
 
 
 HOSTILE: list[tuple[str, bytes]] = [
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"title":"a","title":"b"}'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"x","text":"y"}]}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"title":"a","title":"b"}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"x","text":"y"}]}'),
     ("reproduction", b'{"format":"viano-reproduction","format_version":1,"facts":[{"name":"n","value":NaN}]}'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"x","observed_at":"2024-01-01T10:00:00"}]}'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"   "}]}'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"entities":[{"type":"c","id":"1","extra":1}]}'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":2}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"x","observed_at":"2024-01-01T10:00:00"}]}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"observations":[{"text":"   "}]}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"entities":[{"type":"c","id":"1","extra":1}]}'),
+    ("report", b'{"format":"viano-bug-report","format_version":2}'),
     ("reproduction", b'{"format":"viano-reproduction","format_version":1} trailing'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"a":1,"\\u0061":2}'),
-    ("bug-report", b'{"format":"viano-bug-report","format_version":1,"title":"ok"}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"a":1,"\\u0061":2}'),
+    ("report", b'{"format":"viano-bug-report","format_version":1,"title":"ok"}'),
 ]
 
 
@@ -176,7 +176,7 @@ def _naive_reader():
         name: Draft202012Validator(
             contracts.SCHEMAS[name], registry=contracts.REGISTRY, format_checker=contracts.FORMAT_CHECKER
         )
-        for name in ("bug-report", "reproduction")
+        for name in ("report", "reproduction")
     }
 
     def naive(data: bytes, name: str) -> bool:

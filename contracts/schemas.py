@@ -115,7 +115,7 @@ SCHEMAS: dict[str, dict]
 REGISTRY: referencing.Registry
 SCHEMAS, REGISTRY = _load_bundle()
 
-#: name -> ``$id``, for every bundled contract (``"bug-report"`` -> ``"urn:viano:bug-report-v1"``).
+#: name -> ``$id``, for every bundled contract (``"report"`` -> ``"urn:viano:report-v1"``).
 SCHEMA_IDS: dict[str, str] = {name: schema["$id"] for name, schema in SCHEMAS.items()}
 
 #: name -> the ``format`` string its documents must declare (contracts without a

@@ -84,7 +84,7 @@ class Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
     """Options fixed once for every contract Struct: strict, immutable, by keyword."""
 
 
-# -- bug report (urn:viano:bug-report-v1) -----------------------------------
+# -- bug report (urn:viano:report-v1) -----------------------------------
 
 
 class Claim(Base):
@@ -373,7 +373,7 @@ class WorkspaceLimits(Base):
 
 #: contract name -> the Struct mirroring it.
 STRUCTS: dict[str, type[msgspec.Struct]] = {
-    "bug-report": BugReport,
+    "report": BugReport,
     "reproduction": Reproduction,
     "case-inputs": CaseInputs,
     "package-source": PackageSource,

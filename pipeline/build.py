@@ -610,7 +610,7 @@ def _planned(path: str, sha256: str, size: int) -> dict:
     return {"files": {path: {"sha256": sha256, "size": size}}}
 
 
-_FRAGMENT_ROLES = {"bug-report": "report", "reproduction": "reproduction"}
+_FRAGMENT_ROLES = {"report": "report", "reproduction": "reproduction"}
 
 
 def step_read_input(workspace_root, case_id, package_id, path, sha256, size, contract, limits=None, inline_fact_value=None) -> None:

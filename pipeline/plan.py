@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 CONTEXT_ROLES = ("runtime", "database", "source", "research")
-_DOCUMENT_ROLES = (("reports", "bug-report"), ("reproductions", "reproduction"))
+_DOCUMENT_ROLES = (("reports", "report"), ("reproductions", "reproduction"))
 #: Outputs the builder itself publishes; never payload, never in a request hash.
 GENERATED_RE = re.compile(r"case/revisions/[0-9]{4,}/(case\.json|case_summary\.md|case-built\.json)")  # fullmatch only
 

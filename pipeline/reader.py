@@ -59,7 +59,7 @@ _decode_untyped = msgspec.json.Decoder(float_hook=_checked_float).decode
 _encode = msgspec.json.Encoder().encode
 
 _STATEMENT_LISTS = {
-    "bug-report": ("observations", "comments", "tester_hypotheses", "expected_behavior"),
+    "report": ("observations", "comments", "tester_hypotheses", "expected_behavior"),
     "reproduction": ("observations",),
 }
 # Nesting above a free value: the document object is depth 1, so a top-level

@@ -32,7 +32,7 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
     cache = BuildCache(tmp_path / "c1")
     cache.write_json(cache.plan, {"a": 1})
     cache.write(cache.case_json, b"{}")
-    record = cache.input_record("original/r.json", "ab" * 32, "bug-report", 16384)
+    record = cache.input_record("original/r.json", "ab" * 32, "report", 16384)
     cache.write_json(record, {"fragment": {}})
     stale = [cache.root / ".plan.json.4242.tmp", cache.case_json.with_name(".case.json.4242.tmp"),
              record.with_name(f".{record.name}.4242.tmp"), cache.root / "opaque" / ".x.json.7.tmp"]

@@ -28,7 +28,7 @@ INPUT_CONTRACTS = (
     "package-source",
     "package-manifest",
     "case-inputs",
-    "bug-report",
+    "report",
     "reproduction",
     "research-request",
     "research-result",
@@ -247,8 +247,8 @@ def test_every_input_contract_has_a_struct():
 
 
 def test_validator_is_built_once_with_the_registry_and_format_checker():
-    first = contracts.validator("bug-report")
-    assert contracts.validator("bug-report") is first
+    first = contracts.validator("report")
+    assert contracts.validator("report") is first
     assert first._registry is contracts.REGISTRY  # noqa: SLF001 - proving the wiring
     assert "date-time" in first.format_checker.checkers
     with pytest.raises(KeyError):
@@ -316,35 +316,35 @@ def _error(name, document):
 
 def test_date_time_format_is_really_checked():
     naive = _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00"}])
-    assert _error("bug-report", naive) == ("SCHEMA_VIOLATION", "/observations/0/observed_at")
-    contracts.validate("bug-report", _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00+02:00"}]))
-    contracts.validate("bug-report", _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00Z"}]))
+    assert _error("report", naive) == ("SCHEMA_VIOLATION", "/observations/0/observed_at")
+    contracts.validate("report", _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00+02:00"}]))
+    contracts.validate("report", _report(observations=[{"text": "x", "observed_at": "2024-01-01T10:00:00Z"}]))
     for bad in ("2024-02-30T10:00:00Z", "2024-01-01 10:00:00Z", "2024-01-01T10:00:00Z\n", "yesterday"):
-        assert _error("bug-report", _report(observations=[{"text": "x", "observed_at": bad}]))[0] == "SCHEMA_VIOLATION"
+        assert _error("report", _report(observations=[{"text": "x", "observed_at": bad}]))[0] == "SCHEMA_VIOLATION"
 
 
 def test_format_version_must_be_the_integer_1():
-    assert _error("bug-report", _report(format_version=1.0)) == ("UNSUPPORTED_VERSION", "/format_version")
-    assert _error("bug-report", _report(format_version=True)) == ("UNSUPPORTED_VERSION", "/format_version")
-    assert _error("bug-report", _report(format_version=2)) == ("UNSUPPORTED_VERSION", "/format_version")
-    assert _error("bug-report", _report(format="viano-reproduction")) == ("UNSUPPORTED_VERSION", "/format")
-    assert _error("bug-report", {"format_version": 1}) == ("UNSUPPORTED_VERSION", "/format")
-    assert _error("bug-report", {"format": "viano-bug-report"}) == ("UNSUPPORTED_VERSION", "/format_version")
-    assert _error("bug-report", []) == ("SCHEMA_VIOLATION", "")
+    assert _error("report", _report(format_version=1.0)) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("report", _report(format_version=True)) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("report", _report(format_version=2)) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("report", _report(format="viano-reproduction")) == ("UNSUPPORTED_VERSION", "/format")
+    assert _error("report", {"format_version": 1}) == ("UNSUPPORTED_VERSION", "/format")
+    assert _error("report", {"format": "viano-bug-report"}) == ("UNSUPPORTED_VERSION", "/format_version")
+    assert _error("report", []) == ("SCHEMA_VIOLATION", "")
 
 
 def test_integers_are_json_integers_everywhere():
     entity = _report(entities=[{"type": "component", "id": 42.0}])
-    assert _error("bug-report", entity) == ("SCHEMA_VIOLATION", "/entities/0/id")
-    assert not struct_accepts("bug-report", entity)
-    contracts.validate("bug-report", _report(entities=[{"type": "component", "id": 42}]))
+    assert _error("report", entity) == ("SCHEMA_VIOLATION", "/entities/0/id")
+    assert not struct_accepts("report", entity)
+    contracts.validate("report", _report(entities=[{"type": "component", "id": 42}]))
 
 
 def test_unknown_fields_top_level_of_reports_only():
-    contracts.validate("bug-report", _report(vendor_extension={"anything": [1, 2]}))
+    contracts.validate("report", _report(vendor_extension={"anything": [1, 2]}))
     contracts.validate("reproduction", {"format": "viano-reproduction", "format_version": 1, "x": None})
     nested = _report(observations=[{"text": "x", "mood": "sad"}])
-    assert _error("bug-report", nested) == ("SCHEMA_VIOLATION", "/observations/0/mood")
+    assert _error("report", nested) == ("SCHEMA_VIOLATION", "/observations/0/mood")
     index = {"format": "viano-case-inputs", "format_version": 1, "reports": [], "extra": 1}
     assert _error("case-inputs", index) == ("SCHEMA_VIOLATION", "/extra")
     context = {"format": "viano-case-inputs", "format_version": 1, "context": {"logs": []}}
@@ -352,21 +352,21 @@ def test_unknown_fields_top_level_of_reports_only():
 
 
 def test_blank_text_and_null_optionals_are_refused():
-    assert _error("bug-report", _report(observations=[{"text": " \t\n"}])) == ("SCHEMA_VIOLATION", "/observations/0/text")
-    assert _error("bug-report", _report(title=None)) == ("SCHEMA_VIOLATION", "/title")
-    assert _error("bug-report", _report(observations=[{"text": "x", "claim": {"key": "k"}}])) == (
+    assert _error("report", _report(observations=[{"text": " \t\n"}])) == ("SCHEMA_VIOLATION", "/observations/0/text")
+    assert _error("report", _report(title=None)) == ("SCHEMA_VIOLATION", "/title")
+    assert _error("report", _report(observations=[{"text": "x", "claim": {"key": "k"}}])) == (
         "SCHEMA_VIOLATION",
         "/observations/0/claim",
     )
-    contracts.validate("bug-report", _report(observations=[{"text": "x", "claim": {"key": "k", "value": None}}]))
+    contracts.validate("report", _report(observations=[{"text": "x", "claim": {"key": "k", "value": None}}]))
 
 
 def test_first_error_is_chosen_deterministically_indices_numerically():
     document = _report(observations=[{"text": "ok"}] * 10 + [{"text": ""}], comments=[{"text": " "}])
     document["observations"][2] = {"text": 3}
-    assert _error("bug-report", document) == ("SCHEMA_VIOLATION", "/comments/0/text")
+    assert _error("report", document) == ("SCHEMA_VIOLATION", "/comments/0/text")
     del document["comments"]
-    assert _error("bug-report", document) == ("SCHEMA_VIOLATION", "/observations/2/text")
+    assert _error("report", document) == ("SCHEMA_VIOLATION", "/observations/2/text")
 
 
 def test_validate_raises_the_callers_error_type():
@@ -389,7 +389,7 @@ def test_seed_examples_are_valid():
         },
     )
     contracts.validate(
-        "bug-report",
+        "report",
         {
             "format": "viano-bug-report",
             "format_version": 1,
@@ -477,8 +477,8 @@ def test_date_time_cases_in_schema_struct_and_format_checker(value, valid):
     assert is_date_time(value) is valid
     assert contracts.FORMAT_CHECKER.conforms(value, "date-time") is valid
     report = {"format": "viano-bug-report", "format_version": 1, "observations": [{"text": "x", "observed_at": value}]}
-    assert schema_accepts("bug-report", report) is valid
-    assert struct_accepts("bug-report", report) is valid
+    assert schema_accepts("report", report) is valid
+    assert struct_accepts("report", report) is valid
 
 
 def test_the_format_checker_is_draft_2020_12_s_but_for_date_time():
@@ -533,15 +533,15 @@ def test_schema_and_struct_agree_on_mutated_documents(case):
 
 
 FIXED_PARITY = [
-    ("bug-report", _report(title="")),
-    ("bug-report", _report(title="\u3000")),
-    ("bug-report", _report(summary="\u200b")),  # zero-width space is not whitespace: nonblank
-    ("bug-report", _report(entities=[{"type": "c", "id": ""}])),
-    ("bug-report", _report(entities=[{"type": "c", "id": True}])),
-    ("bug-report", _report(entities=[{"type": "c", "id": 2**53}])),
-    ("bug-report", _report(entities=[{"type": "c", "id": -(2**53) + 1, "roles": []}])),
-    ("bug-report", _report(expected_behavior_complete=1)),
-    ("bug-report", _report(observations=[{"text": "x", "claim": {"key": "k", "value": {"deep": [[[2**60]]]}}}])),
+    ("report", _report(title="")),
+    ("report", _report(title="\u3000")),
+    ("report", _report(summary="\u200b")),  # zero-width space is not whitespace: nonblank
+    ("report", _report(entities=[{"type": "c", "id": ""}])),
+    ("report", _report(entities=[{"type": "c", "id": True}])),
+    ("report", _report(entities=[{"type": "c", "id": 2**53}])),
+    ("report", _report(entities=[{"type": "c", "id": -(2**53) + 1, "roles": []}])),
+    ("report", _report(expected_behavior_complete=1)),
+    ("report", _report(observations=[{"text": "x", "claim": {"key": "k", "value": {"deep": [[[2**60]]]}}}])),
     ("reproduction", {"format": "viano-reproduction", "format_version": 1, "events_ref": ""}),
     ("reproduction", {"format": "viano-reproduction", "format_version": 1, "facts": [{"name": "n"}]}),
     ("reproduction", {"format": "viano-reproduction", "format_version": 1, "attachments": "a"}),
@@ -918,7 +918,7 @@ def test_case_date_times_are_checked_alike_by_schema_and_struct(pointer):
 
 def _printed_refusal(document) -> str:
     with pytest.raises(CaseBuildError) as info:
-        contracts.validate("bug-report", document, path="r.json")
+        contracts.validate("report", document, path="r.json")
     return str(info.value)
 
 
@@ -929,12 +929,12 @@ def _report(**fields):
 @pytest.mark.parametrize(("title", "shown"), [("  ", "'  '"), ("\t\n", "'\\t\\n'")])
 def test_a_blank_string_is_said_to_be_blank_with_each_backslash_escaped_once(title, shown):
     printed = _printed_refusal(_report(title=title))
-    assert printed == f"SCHEMA_VIOLATION: bug-report: {shown} is blank: at least one non-whitespace character is required (r.json#/title)"
+    assert printed == f"SCHEMA_VIOLATION: report: {shown} is blank: at least one non-whitespace character is required (r.json#/title)"
 
 
 def test_a_format_refusal_shows_the_string_escaped_once():
     printed = _printed_refusal(_report(observations=[{"text": "a", "observed_at": "2026-01-01T00:00:00Z\n"}]))
-    assert printed == ("SCHEMA_VIOLATION: bug-report: '2026-01-01T00:00:00Z\\n' is not a valid date-time "
+    assert printed == ("SCHEMA_VIOLATION: report: '2026-01-01T00:00:00Z\\n' is not a valid date-time "
                        "(r.json#/observations/0/observed_at)")
 
 

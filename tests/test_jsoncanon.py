@@ -139,7 +139,7 @@ def test_25_schema_gaps_are_closed_on_decoded_documents():
     document = decode_strict(b'{"format":"viano-bug-report","format_version":1.0}', max_bytes=MiB)
     assert type(document["format_version"]) is float
     with pytest.raises(CaseBuildError) as info:
-        contracts.validate("bug-report", document)
+        contracts.validate("report", document)
     assert (info.value.code, info.value.pointer) == ("UNSUPPORTED_VERSION", "/format_version")
     # ... and date-time is really checked.
     naive = decode_strict(
@@ -147,7 +147,7 @@ def test_25_schema_gaps_are_closed_on_decoded_documents():
         max_bytes=MiB,
     )
     with pytest.raises(CaseBuildError) as info:
-        contracts.validate("bug-report", naive)
+        contracts.validate("report", naive)
     assert (info.value.code, info.value.pointer) == ("SCHEMA_VIOLATION", "/observations/0/observed_at")
 
 

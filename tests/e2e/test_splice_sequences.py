@@ -547,7 +547,7 @@ def test_a_corrupt_cached_input_record_is_read_again_with_or_without_the_state(t
     twins = _one_reproduction_appended_after_a_reopen(tmp_path)
 
     def corrupt_report_records(ws):
-        records = sorted((ws / ".cache" / "c1" / "documents").rglob("*.bug-report.*.json"))
+        records = sorted((ws / ".cache" / "c1" / "documents").rglob("*.report.*.json"))
         assert records
         for record in records:
             record.write_bytes(record.read_bytes()[:-10])
