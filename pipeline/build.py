@@ -140,6 +140,9 @@ def open_existing_store(ws, case_id: str, *, read_only: bool = False):
         # As admission says it: a workspace that is a file holds no case.
         raise VianoError("INVALID_ARGUMENT", "the workspace is not a directory", path=os.fspath(ws.root))
     if not ws.store_path.exists():
+        from .lifecycle import refuse_a_lost_store
+
+        refuse_a_lost_store(ws, "missing")
         raise LifecycleError("UNKNOWN_CASE", f"no case {case_id} (the workspace has no store)", path=os.fspath(ws.root))
     try:
         store = CheckpointStore(ws, read_only=read_only)

@@ -57,7 +57,7 @@ ERROR_CODES: dict[str, str] = {
     "MANIFEST_FILE_MISSING": "the manifest names a file the package does not hold",
     "GENERATION_CONFLICT": "another writer published this package generation first",
     "CONTENT_CONFLICT": "a content path already exists with different bytes",
-    "INTEGRITY_ERROR": "stored bytes do not match the manifest, a stored record is corrupt, or the checkpoint store recorded another copy of the package (a store from another workspace)",
+    "INTEGRITY_ERROR": "stored bytes do not match the manifest, a stored record is corrupt, the checkpoint store recorded another copy of the package (a store from another workspace), or it is missing, empty or without its tables beside admitted cases",
     # strict JSON (RELIABILITY.md 18-26)
     "JSON_ENCODING": "not UTF-8 (BOM, UTF-16, invalid bytes or lone surrogates)",
     "JSON_SYNTAX": "malformed JSON, raw control characters or trailing data",

@@ -1322,6 +1322,18 @@ def clear_admission_marker(workspace: Workspace, case_id: str) -> bool:
     return True
 
 
+def _refuse_a_lost_store(workspace: Workspace) -> None:
+    """Before anything is copied or locked: beside admitted cases, a store
+    that is missing, empty or too small to hold its tables is refused, from
+    the file alone (an SQLite open would leave its -wal/-shm files behind).
+    The writing open under the lock refuses again whatever passed here."""
+    from .lifecycle import admitted_case_dirs, refuse_a_lost_store, store_file_looks_lost
+
+    how = store_file_looks_lost(workspace.store_path)
+    if how is not None and admitted_case_dirs(workspace):
+        refuse_a_lost_store(workspace, how)
+
+
 def _refuse_existing(workspace: Workspace, case_id: str) -> None:
     """Early CASE_EXISTS before any copying (repeated under the lock); never creates a store.
 
@@ -1398,6 +1410,7 @@ def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progres
     refuse_source_holding(source, ws.root)
     _require_workspace_root(ws.root)
     _refuse_existing(ws, case_id)
+    _refuse_a_lost_store(ws)
     _require_real_dir(ws.cases_dir, "cases")
     src = _open_source(source, limits)
     try:

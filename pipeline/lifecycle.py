@@ -44,7 +44,7 @@ from typing import Any, Iterable
 from . import BUILDER_VERSION
 from .errors import IntegrityError, LifecycleError, VianoError, coded_io_error
 from .frozen import FrozenRecord
-from .workspace import Workspace, refuse_symlinks, validate_id
+from .workspace import ADMISSION_MARKER, Workspace, refuse_symlinks, validate_id
 
 __all__ = [
     "STATES",
@@ -271,6 +271,63 @@ def on_read_only_filesystem(directory) -> bool:
         return False
 
 
+def admitted_case_dirs(workspace: Workspace) -> list[str]:
+    """The case directories whose admission committed: an admission renames
+    its tree into ``cases/`` with a marker and removes the marker only after
+    its store row committed, so each of these had a row in the store."""
+    try:
+        names = sorted(os.listdir(workspace.cases_dir))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            if stat.S_ISDIR(os.lstat(workspace.cases_dir / name).st_mode) and not os.path.lexists(
+                workspace.cases_dir / name / ADMISSION_MARKER
+            ):
+                found.append(name)
+        except OSError:
+            continue
+    return found
+
+
+def store_file_looks_lost(path) -> str | None:
+    """What the store file alone says of a lost store: "missing", "empty"
+    (0 bytes), "without its tables" (one page at most, which the schema
+    outgrows); None when it may hold the schema, or a write-ahead log beside
+    it may."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return None
+    try:
+        if os.stat(f"{path}-wal").st_size > 0:
+            return None
+    except OSError:
+        pass
+    if size == 0:
+        return "empty"
+    return "without its tables" if _at_most_one_page(path) else None
+
+
+def refuse_a_lost_store(workspace: Workspace, how: str) -> None:
+    """``INTEGRITY_ERROR`` when the store is ``how`` ("missing", "empty",
+    "without its tables") while the workspace holds admitted cases: their
+    rows are lost, and making a store anew would strand every one of them
+    (RELIABILITY 41: never a silent reset). Nothing is written."""
+    admitted = admitted_case_dirs(workspace)
+    if admitted:
+        shown = ", ".join(admitted[:3]) + (f" and {len(admitted) - 3} more" if len(admitted) > 3 else "")
+        raise IntegrityError(
+            "INTEGRITY_ERROR",
+            f"the checkpoint store is {how} but the workspace holds admitted cases ({shown}): it was lost or cut "
+            "short, and is never made anew over them; restore it from a backup; nothing was changed",
+            path=workspace.store_path.name,
+        )
+
+
 def _invalid(message: str) -> LifecycleError:
     return LifecycleError("INVALID_ARGUMENT", message)
 
@@ -295,6 +352,7 @@ class CheckpointStore:
         path = workspace.store_path
         refuse_symlinks(workspace, path.name, f"{path.name}-wal", f"{path.name}-shm")
         if not path.exists():
+            refuse_a_lost_store(workspace, "missing")
             if not create or read_only:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")
             try:
@@ -308,6 +366,11 @@ class CheckpointStore:
         elif not stat.S_ISREG(os.stat(path).st_mode):
             # A FIFO would hold a read-only open until some writer came.
             raise LifecycleError("IO_ERROR", "the checkpoint store is not a regular file", path=path.name)
+        elif os.stat(path).st_size == 0 and not os.path.exists(f"{path}-wal"):
+            # SQLite takes an empty file for an empty database, and a writer
+            # would give it a fresh schema. (With a write-ahead log beside it
+            # the log may still hold every table.)
+            refuse_a_lost_store(workspace, "empty")
         try:
             if read_only:
                 conn = _connect_read_only(path, busy_timeout)
@@ -318,6 +381,11 @@ class CheckpointStore:
         self._conn = conn
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            if not read_only and not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+            ).fetchone():
+                # Before the journal mode is set, which rewrites the header.
+                refuse_a_lost_store(workspace, "without its tables")
             if not read_only:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")
@@ -359,6 +427,7 @@ class CheckpointStore:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if tables & {"cases", "checkpoints"}:
                 raise IntegrityError("INTEGRITY_ERROR", "checkpoint store has tables but no schema version: not ours")
+            refuse_a_lost_store(self.workspace, "without its tables")
             raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet")
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None or row[0] != str(SCHEMA_VERSION):
@@ -382,6 +451,8 @@ class CheckpointStore:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "meta" not in tables and tables & {"cases", "checkpoints"}:
                 raise IntegrityError("INTEGRITY_ERROR", "checkpoint store has tables but no schema version: not ours")
+            if "meta" not in tables:
+                refuse_a_lost_store(self.workspace, "without its tables")
             # executescript() would COMMIT our BEGIN IMMEDIATE; run statement by statement.
             # (Trigger bodies hold "; END", never ";\n", so this split keeps them whole.)
             for statement in _SCHEMA.split(";\n"):

@@ -492,9 +492,11 @@ def test_case_dir_without_store_row_and_without_marker_is_never_deleted(tmp_path
 
 def test_unrecorded_case_dir_is_refused_under_the_lock_too(tmp_path, monkeypatch):
     """The early check can be overtaken (a directory appears meanwhile); the check under the lock holds."""
+    elsewhere = tmp_path / "elsewhere"
+    admit(elsewhere, "keep", SAMPLE)
     ws = tmp_path / "ws"
-    admit(ws, "keep", SAMPLE)
-    _drop_store(ws)
+    admit(ws, "other", SAMPLE)  # a sound store, without a row for keep
+    shutil.copytree(elsewhere / "cases" / "keep", ws / "cases" / "keep", symlinks=True)
     case_before = tree_state(ws / "cases" / "keep")
     monkeypatch.setattr(intake, "_refuse_existing", lambda *a: None)
     with pytest.raises(VianoError) as exc:
@@ -991,3 +993,16 @@ def test_a_rebuild_imports_the_admission_module_only_for_staging_names(tmp_path)
     (ws / ".staging" / f"admit-x-{os.getpid()}-{'f' * 12}").mkdir()  # a live writer's tree: looked at, kept
     assert run() == "True"
     assert (ws / ".staging" / f"admit-x-{os.getpid()}-{'f' * 12}").is_dir()
+
+
+def test_a_lost_store_is_refused_before_anything_is_copied_or_locked(tmp_path):
+    """A store deleted beside an admitted case: another admission is
+    INTEGRITY_ERROR from the file alone, no lock file, no staging, no store."""
+    ws = tmp_path / "ws"
+    admit(ws, "keep", SAMPLE)
+    _drop_store(ws)
+    shutil.rmtree(ws / ".locks")
+    before = tree_state(ws)
+    err = assert_refused(ws, "new", SAMPLE, "INTEGRITY_ERROR")
+    assert "the checkpoint store is missing but the workspace holds admitted cases (keep)" in str(err)
+    assert tree_state(ws) == before and not (ws / ".locks").exists()

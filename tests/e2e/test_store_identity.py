@@ -229,3 +229,47 @@ def test_probes_with_a_store_behind_the_published_case_read_that_case(tmp_path):
     confirmed = kit.doit("probes", "case=c1", workspace=ws)
     assert (behind.returncode, behind.stdout, behind.stderr) == (confirmed.returncode, confirmed.stdout, confirmed.stderr)
     assert confirmed.stdout.strip() and "NOT_BUILT" not in behind.stderr
+
+
+@pytest.mark.parametrize("loss", ["missing", "empty", "without its tables"])
+def test_a_lost_store_beside_admitted_cases_is_never_made_anew(tmp_path, loss):
+    """RELIABILITY 41: a checkpoint store deleted, cut to nothing or replaced
+    by an empty database while cases are admitted is INTEGRITY_ERROR for every
+    command, admissions of new cases included, with nothing written: a new
+    store holding only the new case stranded every admitted one (found by a
+    hostile-input audit)."""
+    source = standard_package(tmp_path / "src")
+    ws = _admitted(tmp_path / "ws", source)
+    _ok(kit.doit("build", "case=c1", workspace=ws))
+    if loss == "missing":
+        (ws / STORE).unlink()
+    elif loss == "empty":
+        (ws / STORE).write_bytes(b"")
+    else:
+        (ws / STORE).unlink()
+        sqlite3.connect(ws / STORE).execute("PRAGMA user_version = 7").connection.close()
+    before = kit.tree_digest(ws)  # the cache is disposable: doit may record the failed run there
+    store_files = sorted(p.name for p in ws.glob(STORE + "*"))
+    for command in (("admit", "case=c5", f"source={source}"), ("build", "case=c1"), ("status", "case=c1"),
+                    ("append", "case=c1", f"source={source}"), ("export", "case=c1", f"dest={tmp_path / 'out'}"),
+                    ("probes", "case=c1")):
+        line = _one_integrity_line(kit.doit(*command, workspace=ws))
+        assert f"the checkpoint store is {loss} but the workspace holds admitted cases (c1)" in line, (command, line)
+        assert kit.tree_digest(ws) == before, command
+        assert sorted(p.name for p in ws.glob(STORE + "*")) == store_files, command  # no log made beside it either
+    assert not (tmp_path / "out").exists() and not (ws / "cases" / "c5").exists()
+
+
+def test_a_first_admission_beside_an_interrupted_one_still_makes_the_store(tmp_path):
+    """The only case directory holds an admission marker (a killed first
+    admission): no case was ever recorded, so the store is made."""
+    source = standard_package(tmp_path / "src")
+    ws = tmp_path / "ws"
+    killed = kit.doit("admit", "case=c2", f"source={source}", workspace=ws, env_extra={"VIANO_CRASH_AT": "admit:after-rename"})
+    assert killed.returncode != 0 and (ws / "cases" / "c2").is_dir()
+    (ws / STORE).unlink(missing_ok=True)
+    for suffix in ("-wal", "-shm"):
+        (ws / (STORE + suffix)).unlink(missing_ok=True)
+    _admitted(ws, source)
+    _ok(kit.doit("admit", "case=c2", f"source={source}", workspace=ws))
+    _ok(kit.doit("build", "case=c2", workspace=ws))
