@@ -88,8 +88,7 @@ def main() -> None:
             order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for name in order:
                 ws = base / f"ws-{name}"
-                shutil.rmtree(ws)
-                bench_build.keep_aside(base / f"aside-{name}", ws)
+                bench_build.put_back(base / f"aside-{name}", ws)
                 os.sync()
                 elapsed, result = run(trees[name], "build", "case=bench", f"workspace={ws}")
                 if ".  publish" not in result.stderr:
@@ -109,8 +108,7 @@ def main() -> None:
             counted = {}
             for name, tree in trees.items():
                 ws = base / f"ws-{name}"
-                shutil.rmtree(ws)
-                bench_build.keep_aside(base / f"aside-{name}", ws)
+                bench_build.put_back(base / f"aside-{name}", ws)
                 callgrind = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
                 _, result = run(tree, "build", "case=bench", f"workspace={ws}", prefix=callgrind)
                 found = re.search(r"Collected : (\d+)", result.stderr)

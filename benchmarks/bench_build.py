@@ -20,7 +20,9 @@ JSON (the limits are 256 documents and 8 MiB), plus a context file of
                          the task report must show one read_input and no
                          hash_context executed. The workspace as it stands
                          before that build is kept aside and put back before
-                         each of --repeat rebuilds, so the median is reported
+                         each of --repeat rebuilds (its content files left as
+                         they are: what a rebuild added is removed), so the
+                         median is reported
                          (the cold build is the median of --cold-repeat: the
                          first right after the main admission, the others in
                          workspaces of their own, spread among the rebuilds so
@@ -127,19 +129,53 @@ def make_package(root: Path, context_mib: int) -> None:
 _ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+_CONTENT_LIST = ".bench-content.json"
+
+
+def _package_dirs(ws: Path) -> list[Path]:
+    return sorted(ws.glob("cases/*/packages/*"))
+
+
 def keep_aside(ws: Path, aside: Path) -> None:
-    """Copy a workspace so it can be put back: published content is
-    append-only (never rewritten), so it is hard-linked; everything a build
-    changes in place (store, cache, locks, manifests) is copied."""
+    """Keep what a build changes in place (store, cache, locks, manifests)
+    as a copy, and the list of content files. Content is append-only, so
+    :func:`put_back` removes what a rebuild added there instead of copying
+    content back: a copy, or a hard link, gives a file a new change time,
+    and a build verifies every input whose change time moved (RELIABILITY
+    43), which no user's rebuild after an append does."""
     shutil.rmtree(aside, ignore_errors=True)
+    shutil.copytree(ws, aside, ignore=lambda folder, names: ["content"] if Path(folder).parent.name == "packages" else [])
+    listed = sorted(
+        os.path.relpath(os.path.join(folder, name), ws)
+        for package in _package_dirs(ws)
+        for folder, _, names in os.walk(package / "content")
+        for name in names
+    )
+    (aside / _CONTENT_LIST).write_text(json.dumps(listed))
 
-    def copy(src, dst):
-        if "/content/" in src:
-            os.link(src, dst)
-        else:
-            shutil.copy2(src, dst)
 
-    shutil.copytree(ws, aside, copy_function=copy)
+def put_back(aside: Path, ws: Path) -> None:
+    """The workspace as :func:`keep_aside` found it, its content files untouched."""
+    kept = set(json.loads((aside / _CONTENT_LIST).read_text()))
+    for package in _package_dirs(ws):
+        content = package / "content"
+        for folder, _, names in os.walk(content, topdown=False):
+            for name in names:
+                if os.path.relpath(os.path.join(folder, name), ws) not in kept:
+                    os.unlink(os.path.join(folder, name))
+            if folder != str(content) and not os.listdir(folder):
+                os.rmdir(folder)
+        for entry in package.iterdir():
+            if entry.name != "content":
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    for case in ws.glob("cases/*"):
+        for entry in case.iterdir():
+            if entry.name != "packages":
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    for entry in ws.iterdir():
+        if entry.name != "cases":
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    shutil.copytree(aside, ws, dirs_exist_ok=True, ignore=lambda folder, names: [_CONTENT_LIST] if folder == str(aside) else [])
 
 
 def doit(*args, cwd=REPO, check=True) -> tuple[float, subprocess.CompletedProcess]:
@@ -246,8 +282,7 @@ def main() -> None:
             for number in range(cold_before[run]):
                 another_cold_build(run * 100 + number)
             if run:
-                shutil.rmtree(ws)
-                keep_aside(aside, ws)
+                put_back(aside, ws)
             # Written back out first, as the first run's workspace was: an ext4
             # journal commit (the build's fsyncs) would otherwise also write the
             # copies' dirty pages.

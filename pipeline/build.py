@@ -476,7 +476,10 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
 
 
 def content_stamps_now(content_dir: str, paths) -> dict[str, list | None]:
-    """Each path's stamp: ``[size, mtime_ns, file type]`` from ``lstat``, or
+    """Each path's stamp: ``[size, mtime_ns, ctime_ns, file type]`` from
+    ``lstat`` (the change time too: ``utime`` can put a modification time
+    back, an archive restores it, and only the change time then tells that
+    the bytes were written since; RELIABILITY 43), or
     None when it is missing or a folder on its way is not a real directory
     (a symlink put there later: the reading task refuses it, as a build
     without the cache does). One ``lstat`` a file and one a distinct folder."""
@@ -499,7 +502,7 @@ def content_stamps_now(content_dir: str, paths) -> dict[str, list | None]:
         if not (unreal and _under_any(path, unreal)):
             try:
                 st = os.lstat(f"{content_dir}/{path}")
-                stamp = [st.st_size, st.st_mtime_ns, stat.S_IFMT(st.st_mode)]
+                stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, stat.S_IFMT(st.st_mode)]
             except OSError:
                 pass
         stamps[path] = stamp

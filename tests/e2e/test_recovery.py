@@ -1732,7 +1732,7 @@ def test_a_build_with_its_cache_finds_content_damaged_since_it_was_read(tmp_path
     assert line.endswith(f"({damaged})")
 
 
-def test_a_touched_input_is_verified_again_once_and_a_restored_copy_reads_nothing_again(tmp_path):
+def test_a_touched_input_is_verified_again_once_and_so_is_every_input_of_a_restored_copy(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert _executed(kit.doit("build", "case=c1", workspace=ws)) == ["validate_index"]
@@ -1743,13 +1743,38 @@ def test_a_touched_input_is_verified_again_once_and_a_restored_copy_reads_nothin
     assert _executed(touched) == ["validate_index", "read_input:original/report-b.json"]
     assert _executed(kit.doit("build", "case=c1", workspace=ws)) == ["validate_index"]
     # A workspace restored from a copy that kept the times (cp -a, rsync -a,
-    # a backup): new inodes and change times, same records trusted.
+    # a backup): new change times, so every input is read and verified once
+    # more (an archive that restores times could hide a change: RELIABILITY
+    # 43), then trusted again.
     aside = tmp_path / "aside"
     ws.rename(aside)
     shutil.copytree(aside, ws, symlinks=True)
     restored = kit.doit("build", "case=c1", workspace=ws)
     assert restored.returncode == 0, restored.stderr
-    assert _executed(restored) == ["validate_index"]
+    assert "validate_index" in _executed(restored)
+    assert {t for t in _executed(restored) if t.startswith(("read_input:", "hash_context:"))} == {
+        "read_input:original/report-a.json", "read_input:original/report-b.json", "read_input:original/repro.json",
+        "hash_context:original/db.sql", "hash_context:original/runtime.log", "hash_context:original/notes.txt",
+        "hash_context:original/screen.png"}
+    assert "confirmed" in restored.stdout
+    assert _executed(kit.doit("build", "case=c1", workspace=ws)) == ["validate_index"]
+
+
+@pytest.mark.parametrize("damaged", ["original/report-a.json", "original/db.sql"])
+def test_a_change_whose_size_and_modification_time_were_put_back_is_found(tmp_path, damaged):
+    """RELIABILITY 43: an input rewritten in place with its old size and its
+    modification time put back (utime, or an archive restoring times) is
+    INTEGRITY_ERROR with the cache as without it (the change time tells);
+    it was reused as confirmed (found by a hostile-input audit)."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    path = kit.package_dir(ws, "c1") / "content" / damaged
+    before = path.stat()
+    _damage_in_place(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+    assert line.endswith(f"({damaged})")
 
 
 def test_a_build_started_before_its_case_was_admitted_holds_the_case_lock_once_it_exists(tmp_path):
