@@ -350,9 +350,17 @@ class ZipArchive:
         self.limits = limits
         self.label = label
         self.size = os.fstat(fd).st_size
-        cd_offset, cd_size, count = self._read_end_records()
-        raws = self._read_central_directory(cd_offset, cd_size, count)
-        self.entries: list[ZipEntry] = self._check_layout(raws, cd_offset)
+        try:
+            cd_offset, cd_size, count = self._read_end_records()
+            raws = self._read_central_directory(cd_offset, cd_size, count)
+            self.entries: list[ZipEntry] = self._check_layout(raws, cd_offset)
+        except AdmissionError as error:
+            if error.code == "ZIP_INVALID" and error.path is None and label is not None:
+                # The archive as a whole is at fault (not a ZIP, cut short,
+                # junk around it): the line names the archive, as the
+                # archive's size refusals do.
+                raise AdmissionError("ZIP_INVALID", error.message, path=label) from None
+            raise
         self._check_names()
         self._check_policy()
 

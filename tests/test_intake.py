@@ -1006,3 +1006,23 @@ def test_a_lost_store_is_refused_before_anything_is_copied_or_locked(tmp_path):
     err = assert_refused(ws, "new", SAMPLE, "INTEGRITY_ERROR")
     assert "the checkpoint store is missing but the workspace holds admitted cases (keep)" in str(err)
     assert tree_state(ws) == before and not (ws / ".locks").exists()
+
+
+@pytest.mark.parametrize("damage", ["cut", "not-a-zip", "junk-after"])
+def test_an_archive_refused_as_a_whole_names_the_archive(tmp_path, damage):
+    """Like its size refusals, a ZIP_INVALID for the whole archive (cut
+    short, not a ZIP, bytes after its end) names the archive on its line
+    (it named no location; found by a hostile-input audit)."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("manifest.json", "{}")
+        archive.writestr("original/a.txt", "a" * 4000)
+    data = buffer.getvalue()
+    data = {"cut": data[: len(data) // 2], "not-a-zip": b"%PDF-1.7" + b"x" * 500, "junk-after": data + b"junk" * 10}[damage]
+    source = tmp_path / "package.zip"
+    source.write_bytes(data)
+    err = assert_refused(tmp_path / "ws", "c1", source, "ZIP_INVALID")
+    assert err.path == "package.zip" and str(err).endswith("(package.zip)"), str(err)
