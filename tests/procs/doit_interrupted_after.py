@@ -28,8 +28,10 @@ elif when == "exit":
         # Collected as the interpreter clears its modules, after it has put
         # the default SIGINT action back for a Python handler: where a
         # Ctrl-C killed the process silently after a printed success.
-        def __del__(self):
-            os.kill(os.getpid(), signal.SIGINT)
+        # What it calls is bound now: by then Python 3.13 has set this
+        # module's globals (os, signal) to None.
+        def __del__(self, kill=os.kill, pid=os.getpid(), sigint=signal.SIGINT):
+            kill(pid, sigint)
 
     holder = type(sys)("viano_interrupt_at_exit")
     holder.late = InterruptWhenCollected()
