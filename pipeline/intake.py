@@ -1188,7 +1188,8 @@ def _read_source_manifest(source: _Source, limits: ZipLimits) -> dict:
 
 
 def _pins(doc: dict, content: dict[str, int]) -> dict[str, dict]:
-    """Check every file the manifest names exists; return {path: {sha256?, size?}} pins."""
+    """Check every file the manifest names exists; return {path: {pointer, sha256?, size?}} pins
+    (``pointer``: the entry's place in the source manifest, for the refusal)."""
     pins: dict[str, dict] = {}
     case_inputs = doc.get("artifacts", {}).get("case_inputs")
     if case_inputs is not None:
@@ -1210,7 +1211,7 @@ def _pins(doc: dict, content: dict[str, int]) -> dict[str, dict]:
             raise AdmissionError(
                 "MANIFEST_FILE_MISSING", "the manifest names a file the package does not hold", path=rel, pointer=pointer
             )
-        pin = {} if isinstance(item, str) else {k: item[k] for k in ("sha256", "size") if k in item}
+        pin = {"pointer": pointer} if isinstance(item, str) else {"pointer": pointer, **{k: item[k] for k in ("sha256", "size") if k in item}}
         if "size" in pin and pin["size"] != content[rel]:
             raise AdmissionError(
                 "INTEGRITY_ERROR", f"file is {content[rel]} bytes, the manifest says {pin['size']}", path=rel, pointer=pointer
@@ -1435,7 +1436,8 @@ def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progres
             inventory = _stage_files(staging, content_dir, src, paths, limits, progress)
             for rel, pin in pins.items():
                 if "sha256" in pin and pin["sha256"] != inventory[rel]["sha256"]:
-                    raise AdmissionError("INTEGRITY_ERROR", "file's sha256 differs from the manifest", path=rel)
+                    raise AdmissionError("INTEGRITY_ERROR", "file's sha256 differs from the manifest", path=rel,
+                                         pointer=pin["pointer"])
             manifest = _stored_manifest(case_id, doc, inventory)
             staging.makedirs(package_tree / "manifests")
             many_files = len(paths) > _SYNCFS_MIN_FILES

@@ -1026,3 +1026,16 @@ def test_an_archive_refused_as_a_whole_names_the_archive(tmp_path, damage):
     source.write_bytes(data)
     err = assert_refused(tmp_path / "ws", "c1", source, "ZIP_INVALID")
     assert err.path == "package.zip" and str(err).endswith("(package.zip)"), str(err)
+
+
+@pytest.mark.parametrize(("pin", "said"), [({"sha256": "0" * 64}, "sha256 differs"), ({"size": 3}, "the manifest says 3")])
+def test_a_pinned_digest_or_size_the_bytes_do_not_meet_points_at_its_entry(tmp_path, pin, said):
+    """Both pins' refusals point at the manifest entry (the sha256 one named
+    the file only; found by a hostile-input audit)."""
+    src = _dir_package(tmp_path / "src")
+    (src / "original" / "b.txt").write_text("bee")
+    manifest = json.loads((src / "manifest.json").read_text())
+    manifest["files"] = ["original/b.txt", {"path": "original/a.txt", **pin}]
+    (src / "manifest.json").write_text(json.dumps(manifest))
+    err = assert_refused(tmp_path / "ws", "c1", src, "INTEGRITY_ERROR")
+    assert said in str(err) and (err.path, err.pointer) == ("original/a.txt", "/files/1"), str(err)
