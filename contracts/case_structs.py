@@ -55,6 +55,7 @@ __all__ = [
     "Inputs",
     "Project",
     "CaseIdentity",
+    "Attachment",
     "Bug",
     "HumanObservations",
     "Case",
@@ -364,11 +365,24 @@ class CaseIdentity(Base, kw_only=True):
     request_hash: Sha256
 
 
+class Attachment(Base, kw_only=True):
+    """A file a report attaches: its opaque reference and where the report names it."""
+
+    path: ContentPath
+    sha256: Sha256
+    size: Size
+    provenance: Provenance
+
+
 class Bug(Base, kw_only=True):
-    """Report titles and summaries."""
+    """Report titles and summaries, and the files reports attach.
+
+    ``attachments`` is always written; cases confirmed before it existed
+    lack it and must still be reused as published, so the contract allows that."""
 
     titles: list[Text]
     summaries: list[Text]
+    attachments: list[Attachment] | UnsetType = UNSET
 
 
 class HumanObservations(Base, kw_only=True):

@@ -128,6 +128,7 @@ class BugReport(Base, forbid_unknown_fields=False):
     expected_behavior: tuple[Statement, ...] | UnsetType = UNSET
     expected_behavior_complete: bool | UnsetType = UNSET
     entities: tuple[Entity, ...] | UnsetType = UNSET
+    attachments: Paths | UnsetType = UNSET
 
 
 # -- reproduction (urn:viano:reproduction-v1) --------------------------------

@@ -441,6 +441,7 @@ def document_fragment(role: str, source: str, document: dict, inline_fact_value:
         ]
         if "expected_behavior_complete" in document:
             fragment["declaration"] = document["expected_behavior_complete"]
+        fragment["attachments"] = json_copy(list(document.get("attachments") or []))
     elif role == "reproduction":
         fragment["observations"] = [
             _fragment_statement(item, "reproduction", source, json_pointer(["observations", index]))
@@ -543,6 +544,7 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
 
     titles: list[dict] = []
     summaries: list[dict] = []
+    attachments: list[dict] = []
     blocks: dict[str, list[dict]] = {"O": [], "C": [], "T": [], "E": []}
     declarations: list[dict] = []
     entities = _Entities(earlier["entities"])
@@ -567,6 +569,9 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
                     blocks[ns].append(statement)
             if "declaration" in fragment:
                 declarations.append({"value": fragment["declaration"], "source": source, "pointer": "/expected_behavior_complete"})
+            for index, ref in enumerate(fragment["attachments"]):
+                pointer = json_pointer(["attachments", index])
+                attachments.append({**_resolve_ref(ref, files, source, pointer), "provenance": {"kind": "tester_report", "source": source, "pointer": pointer}})
         else:
             observation_ids = []
             for item in fragment["observations"]:
@@ -630,7 +635,7 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
             "project": json_copy(manifest["project"]),
             "request_hash": snapshot["request_hash"],
         },
-        "bug": {"titles": titles, "summaries": summaries},
+        "bug": {"titles": titles, "summaries": summaries, "attachments": attachments},
         "human_observations": {"observations": blocks["O"], "comments": blocks["C"], "tester_hypotheses": blocks["T"]},
         "expected_behavior": {
             "completeness": completeness,
@@ -737,6 +742,7 @@ def _gap(code: str) -> dict:
 APPENDED_LISTS: tuple[tuple[str, str], ...] = (
     ("bug", "titles"),
     ("bug", "summaries"),
+    ("bug", "attachments"),
     ("human_observations", "observations"),
     ("human_observations", "comments"),
     ("human_observations", "tester_hypotheses"),
@@ -817,11 +823,14 @@ def carry_forward(carried: dict | None, case: dict) -> dict:
             if "claim" in s
         ]
     tester = case["expected_behavior"]["statements"]
-    referenced = list(earlier["referenced"])
+    # A set (kept sorted): the files the carried documents reference, whatever
+    # order or how many times they were named in.
+    referenced = set(earlier["referenced"])
+    referenced.update(attachment["path"] for attachment in case["bug"]["attachments"])
     for record in case["reproduction"]["reproductions"]:
         if record["events_ref"] is not None:
-            referenced.append(record["events_ref"]["path"])
-        referenced += [ref["path"] for ref in record["attachments"]]
+            referenced.add(record["events_ref"]["path"])
+        referenced.update(ref["path"] for ref in record["attachments"])
     return {
         "next_floor": floor,
         "reproductions": earlier["reproductions"] + len(case["reproduction"]["reproductions"]),
@@ -832,5 +841,5 @@ def carry_forward(carried: dict | None, case: dict) -> dict:
         "titles": [*earlier["titles"], *(t["text"] for t in case["bug"]["titles"])],
         "summaries": [*earlier["summaries"], *(t["text"] for t in case["bug"]["summaries"])],
         "expectations": [*earlier["expectations"], *([s["id"], s["text"]] for s in tester)],
-        "referenced": referenced,
+        "referenced": sorted(referenced),
     }

@@ -765,11 +765,11 @@ def _snapshot(
 
     # An inherited document is dropped (never fatal) for anything that would
     # stop the build: its references, and for research its request pairing.
-    for reproduction in docs("reproductions"):
-        if reproduction.get("carried"):
+    for document in docs("reports") + docs("reproductions"):
+        if document.get("carried"):
             continue
-        if reproduction["path"] in lenient and not _references_resolve(_reproduction_refs(reproduction), plan["files"]):
-            drop(reproduction["path"])
+        if document["path"] in lenient and not _references_resolve(_document_refs(document), plan["files"]):
+            drop(document["path"])
 
     research = []
     for result in docs("expected_research"):
@@ -796,10 +796,10 @@ def _snapshot(
     referenced.update(ref["path"] for ref in plan["index_history"])
     referenced.update(d["path"] for d in plan["documents"])
     referenced.update(carried_refs)
-    for reproduction in docs("reproductions"):
-        if reproduction.get("carried"):
+    for document in docs("reports") + docs("reproductions"):
+        if document.get("carried"):
             continue
-        body = _reproduction_refs(reproduction)
+        body = _document_refs(document)
         if isinstance(body.get("events_ref"), str):
             referenced.add(body["events_ref"])
         for attachment in body.get("attachments", []) or []:
@@ -871,18 +871,19 @@ def _snapshot(
     return snapshot, rest_float_free
 
 
-def _reproduction_refs(entry: dict) -> dict:
-    """A reproduction's ``events_ref`` and ``attachments``, from its fragment or document."""
+def _document_refs(entry: dict) -> dict:
+    """A report's ``attachments``, or a reproduction's ``events_ref`` and
+    ``attachments``, from its fragment or document."""
     body = entry.get("fragment") or entry["document"]
     return {"events_ref": body.get("events_ref"), "attachments": body.get("attachments")}
 
 
-def _references_resolve(reproduction: dict, files: dict) -> bool:
-    """Whether a reproduction's events_ref and attachments name safe, present files."""
+def _references_resolve(document: dict, files: dict) -> bool:
+    """Whether a document's events_ref and attachments name safe, present files."""
     from .workspace import check_reference
 
-    refs = [reproduction.get("events_ref")] if reproduction.get("events_ref") is not None else []
-    refs += list(reproduction.get("attachments") or [])
+    refs = [document.get("events_ref")] if document.get("events_ref") is not None else []
+    refs += list(document.get("attachments") or [])
     for ref in refs:
         if not isinstance(ref, str) or ref not in files:
             return False

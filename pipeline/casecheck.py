@@ -28,6 +28,7 @@ __all__ = ["RECORD_LISTS", "check_case", "record_key"]
 RECORD_LISTS: tuple[tuple[str, str, type], ...] = (
     ("bug", "titles", cs.Text),
     ("bug", "summaries", cs.Text),
+    ("bug", "attachments", cs.Attachment),
     ("human_observations", "observations", cs.Observation),
     ("human_observations", "comments", cs.Comment),
     ("human_observations", "tester_hypotheses", cs.TesterHypothesis),

@@ -123,6 +123,7 @@ _LAST_SECTION = b"\n\n## Input files\n\n"
 _SUMMARY_BLOCKS: tuple[tuple[bytes, bytes, str], ...] = (
     (b"### Titles", b"\n\n", "lines"),
     (b"### Summaries", b"\n\n", "lines"),
+    (b"### Attachments (supplied with reports)", b"\n\n", "table"),
     (b"### Observations (supplied by testers)", b"\n\n", "lines"),
     (b"### Comments (supplied by testers)", b"\n\n", "lines"),
     (b"### Tester hypotheses (supplied by testers; hypotheses, not facts)", b"\n\n", "lines"),

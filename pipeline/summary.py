@@ -78,6 +78,7 @@ SECTION_HEADINGS: tuple[tuple[int, str], ...] = (
     (2, "Bug"),
     (3, "Titles"),
     (3, "Summaries"),
+    (3, "Attachments (supplied with reports)"),
     (2, "Supplied by testers"),
     (3, "Observations (supplied by testers)"),
     (3, "Comments (supplied by testers)"),
@@ -416,11 +417,20 @@ def _texts(items: list) -> str:
 
 def _bug(case: dict) -> list[str]:
     bug = case["bug"]
+    # Absent from cases confirmed before reports' attachments were recorded.
+    attachments = bug.get("attachments") or []
     return [
         _heading(3, "Titles"),
         _texts(bug["titles"]),
         _heading(3, "Summaries"),
         _texts(bug["summaries"]),
+        _heading(3, "Attachments (supplied with reports)"),
+        _table(
+            ["Path", "SHA-256", "Size (bytes)", "Attached by"],
+            [[_scalar(a["path"]), _scalar(a["sha256"]), _size(a["size"]), _prov(a["provenance"])] for a in attachments],
+        )
+        if attachments
+        else NONE_SUPPLIED,
     ]
 
 

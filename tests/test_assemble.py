@@ -554,6 +554,48 @@ def test_absent_index_attachment_names_the_index():
     assert (err.value.code, err.value.path, err.value.pointer) == ("REFERENCE_MISSING", "original/case-inputs.json", "/attachments/0")
 
 
+def test_report_attachments_are_opaque_references_with_their_report_and_pointer():
+    """ARCHITECTURE section 12: reports' attachments are content paths, as a
+    reproduction's are. Each becomes its own record in document order, a
+    file attached twice included, pointing at the string that names it."""
+    first = report(title="t", attachments=["shot.png", "log.txt", "shot.png"])
+    second = report(attachments=["log.txt"])
+    snap = snapshot([("r1", first, 0), ("r2", second, 1)], files=["shot.png", "log.txt"])
+    case = assemble(snap)
+    check_contract(case)
+    got = case["bug"]["attachments"]
+    assert [(a["path"], a["provenance"]["source"], a["provenance"]["pointer"]) for a in got] == [
+        ("shot.png", "r1", "/attachments/0"), ("log.txt", "r1", "/attachments/1"),
+        ("shot.png", "r1", "/attachments/2"), ("log.txt", "r2", "/attachments/0"),
+    ]
+    for attachment in got:
+        assert attachment["provenance"]["kind"] == "tester_report"
+        assert {k: attachment[k] for k in ("sha256", "size")} == {k: snap["files"][attachment["path"]][k] for k in ("sha256", "size")}
+        source = {"r1": first, "r2": second}[attachment["provenance"]["source"]]
+        assert resolve_pointer(source, attachment["provenance"]["pointer"]) == attachment["path"]
+    # Nothing else is inferred from them: no statement, no entity, no fact.
+    assert case["entities"] == [] and case["runtime_facts"]["facts"] == []
+
+
+def test_a_report_without_attachments_has_none_in_the_case():
+    case = assemble(snapshot([("r", report(title="t"), 0)]))
+    assert case["bug"]["attachments"] == []
+    check_contract(case)
+
+
+@pytest.mark.parametrize(("value", "code", "pointer"), [
+    (["../outside"], "REFERENCE_UNSAFE", "/attachments/0"),
+    (["ok.png", "/abs"], "REFERENCE_UNSAFE", "/attachments/1"),
+    (["ok.png", "gone.png"], "REFERENCE_MISSING", "/attachments/1"),
+    (["case/revisions/0001/case.json"], "REFERENCE_UNSAFE", "/attachments/0"),
+])
+def test_a_report_attachment_that_does_not_resolve_names_the_report_and_pointer(value, code, pointer):
+    snap = snapshot([("r", report(title="t", attachments=value), 0)], files=["ok.png"])
+    with pytest.raises(CaseBuildError) as err:
+        assemble(snap)
+    assert (err.value.code, err.value.path, err.value.pointer) == (code, "r", pointer)
+
+
 def test_context_blocks_unclassified_and_supplied_research_stay_opaque():
     snap = rich_snapshot()
     case = assemble(snap)

@@ -545,6 +545,11 @@ FIXED_PARITY = [
     ("reproduction", {"format": "viano-reproduction", "format_version": 1, "events_ref": ""}),
     ("reproduction", {"format": "viano-reproduction", "format_version": 1, "facts": [{"name": "n"}]}),
     ("reproduction", {"format": "viano-reproduction", "format_version": 1, "attachments": "a"}),
+    ("report", _report(attachments="a")),
+    ("report", _report(attachments=[""])),
+    ("report", _report(attachments=[1])),
+    ("report", _report(attachments=["a", "a"])),
+    ("report", _report(attachments=[])),
     ("package-manifest", {"format": "viano-package", "format_version": 1, "case_id": "c", "package_id": "p",
                           "package_generation": 1, "analysis_revision": 1, "project": {"name": "n", "version": "v"},
                           "artifacts": {}, "files": {"": {"sha256": "0" * 64, "size": 0}}}),
@@ -565,8 +570,9 @@ def test_schema_and_struct_agree_on_edge_cases(name, document):
 
 def test_a_case_confirmed_before_entity_kinds_and_research_requests_is_still_a_case():
     """A confirmed case is reused as published (seed 001); cases written before
-    entity sources carried ``kind`` and research results named ``request``
-    must still meet the contract, while the builder always writes both now."""
+    entity sources carried ``kind``, research results named ``request`` and
+    ``bug`` listed reports' attachments must still meet the contract, while
+    the builder always writes all three now."""
     from contracts.case_structs import decode_case
 
     from tests.conftest import FIXTURES
@@ -577,6 +583,8 @@ def test_a_case_confirmed_before_entity_kinds_and_research_requests_is_still_a_c
     for entity in older["entities"]:
         for source in entity["sources"]:
             del source["kind"]
+    assert golden["bug"]["attachments"]
+    del older["bug"]["attachments"]  # before reports' attachments were recorded
     older["research"]["results"] = [{
         "path": "research/aa/result.json", "sha256": "12" * 32, "request_hash": "ef" * 32,
         "provider": {"name": "p", "version": "1"}, "status": "partial", "statement_ids": [],
@@ -944,3 +952,15 @@ def test_a_pattern_refusal_shows_the_contracts_pattern_as_written():
     assert message == "'x\\y' does not match the pattern ^[0-9a-f]{64}(?![\\s\\S])"
     long = list(Draft202012Validator({"pattern": "^a$"}).iter_errors("b" * 500))
     assert len(contracts.schemas._message(long[0])) < 200
+
+
+@pytest.mark.parametrize("attachments,accepted", [
+    (["original/shot.png"], True), ([], True), (["a", "a"], True),
+    ("original/shot.png", False), ([""], False), ([1], False), ([None], False), (None, False),
+])
+def test_a_reports_attachments_are_content_path_strings(attachments, accepted):
+    """ARCHITECTURE section 12: reports' ``attachments`` are a list of content
+    paths, like a reproduction's; no longer an ignored extension."""
+    document = _report(attachments=attachments)
+    assert schema_accepts("report", document) is accepted
+    assert struct_accepts("report", document) is accepted

@@ -215,6 +215,9 @@ def _report(draw):
         body["expected_behavior_complete"] = complete
     if draw(st.integers(0, 2)):
         body["entities"] = draw(st.lists(_entity, max_size=3))
+    if draw(st.booleans()):
+        # Repeats allowed: each is its own attachment record, with its own pointer.
+        body["attachments"] = draw(st.lists(st.sampled_from(["att/screen.png", "att/notes.txt"]), max_size=3))
     return report(**body)
 
 
@@ -339,6 +342,7 @@ HOSTILE_DOCS = [
         expected_behavior=[{"text": "\n\n## Entities\n\n", "claim": {"key": "speed", "value": 1.5}}],
         expected_behavior_complete=True,
         entities=[{"type": "component", "id": 42, "roles": ["focus"]}, {"type": NFC, "id": "x"}],
+        attachments=["att/screen.png", "att/screen.png"],
     ), 3),
     ("repro", "original/repro/a.json", reproduction(
         steps=["\n\n## Reproductions\n\n", "### Facts\n\n| Id | Name |", "1. step"],
@@ -371,7 +375,7 @@ HOSTILE_DOCS = [
     ), 20),
     ("report", "original/reports/a.json", report(
         title="[^1]: fake footnote", expected_behavior=[{"text": NFD}],
-        entities=[{"type": "user", "id": 7}],
+        entities=[{"type": "user", "id": 7}], attachments=["att/notes.txt"],
     ), 21),
 ]
 

@@ -576,10 +576,11 @@ def test_full_case_structure_and_content():
 def test_empty_case_says_none_supplied():
     text = render_summary(empty_case())
     check_structure(text)
-    # Titles, summaries, three tester lists, declarations, statements,
-    # citations, reproductions, entities, facts, runtime context, database,
-    # source, unclassified, results, supplied research, inputs.
-    assert text.count(f"\n\n{NONE_SUPPLIED}\n") == 18
+    # Titles, summaries, report attachments, three tester lists,
+    # declarations, statements, citations, reproductions, entities, facts,
+    # runtime context, database, source, unclassified, results, supplied
+    # research, inputs.
+    assert text.count(f"\n\n{NONE_SUPPLIED}\n") == 19
     # Claim conflicts are the builder's own finding, not anybody's supply.
     assert text.count(f"\n\n{NONE_FOUND}\n") == 1
     assert "### Claim conflicts\n\nNone found.\n" in text

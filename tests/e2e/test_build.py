@@ -313,6 +313,33 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert [r["path"] for r in case["inputs"]["index_history"]] == ["original/case-inputs.json", "inputs/2/case-inputs.json"]
 
 
+def test_a_report_attachment_outside_the_package_fails_then_an_index_without_it_drops_it(tmp_path):
+    """A report's attachment is a content path (ARCHITECTURE section 12): one
+    the package lacks is REFERENCE_MISSING at the report and pointer, with
+    every file kept; an append whose index no longer lists the report
+    resumes, the inherited report dropped with a SUPERSEDED_INPUT gap."""
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    broken = kit.report("Attached", observations=[{"text": "x"}])
+    broken["attachments"] = ["original/screen.png", "original/never-sent.png"]
+    kit.write_json(source / "original" / "report-b.json", broken)
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws / "cases")
+    failed = kit.doit("build", "case=c1", workspace=ws)
+    assert failed.returncode != 0
+    assert ("REFERENCE_MISSING: reference 'original/never-sent.png' is not in the package "
+            "(original/report-b.json#/attachments/1)") in failed.stderr, failed.stderr
+    assert kit.tree_digest(ws / "cases") == before
+    fix = kit.make_append(tmp_path / "fix", files={"original/report-b2.json": kit.report("Corrected")},
+                          index=kit.index(reports=["original/report-a.json", "original/report-b2.json"], reproductions=["original/repro.json"]))
+    assert kit.doit("append", "case=c1", f"source={fix}", workspace=ws).returncode == 0
+    resumed = kit.doit("build", "case=c1", workspace=ws)
+    assert resumed.returncode == 0, resumed.stderr
+    case = _case(ws)
+    assert case["bug"]["attachments"] == []
+    assert ("SUPERSEDED_INPUT", "original/report-b.json") in {(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]}
+
+
 def _research_listed_as_report(tmp_path: Path) -> tuple[dict, dict]:
     """A research result whose sibling request.json is listed as a report."""
     import hashlib

@@ -254,6 +254,45 @@ def test_reproduction_appends_splice_across_every_reopen(tmp_path):
     twins.run("build", "case=c1", splice=False)  # a no-op: the confirmed case is reused
 
 
+def test_report_attachments_splice_and_classify_what_they_name(tmp_path):
+    """Reports' attachments (ARCHITECTURE section 12) through appends: a new
+    report attaching a file that was unclassified so far and a file the
+    reproduction attaches too, then a report attaching a file of its own
+    append; each rebuild byte-identical to the whole build."""
+    twins = Twins(tmp_path)
+    twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
+    twins.run("build", "case=c1", splice=False)
+    assert twins.case(1)["bug"]["attachments"] == []
+    assert "original/notes.txt" in [r["path"] for r in twins.case(1)["inputs"]["unclassified"]]
+
+    _reopen(twins)
+    attaching = kit.report("Attached", observations=[{"text": "See the shots"}])
+    attaching["attachments"] = ["original/notes.txt", "original/screen.png"]
+    twins.run("append", "case=c1", _append(tmp_path, "a1", files={"original/report-c.json": attaching},
+                                          index=kit.index(reports=["original/report-c.json"])))
+    twins.run("build", "case=c1", splice=(1, 3))
+    case = twins.case(2)
+    got = [(a["path"], a["provenance"]["source"], a["provenance"]["pointer"]) for a in case["bug"]["attachments"]]
+    assert got == [("original/notes.txt", "original/report-c.json", "/attachments/0"),
+                   ("original/screen.png", "original/report-c.json", "/attachments/1")]
+    assert "original/notes.txt" not in [r["path"] for r in case["inputs"]["unclassified"]]
+
+    _reopen(twins, "again")
+    second = kit.report("Second")
+    second["attachments"] = ["original/shot-2.png"]
+    twins.run("append", "case=c1", _append(tmp_path, "a2", files={"original/report-d.json": second, "original/shot-2.png": b"\x89PNG"},
+                                          index=kit.index(reports=["original/report-d.json"])))
+    # Not spliced, as before reports had attachments: the new revision's
+    # inventory takes its prior case's reports first (report-c before the
+    # reproduction), so the previous build's order is not its beginning.
+    twins.run("build", "case=c1", splice=False)
+    case = twins.case(3)
+    assert [a["path"] for a in case["bug"]["attachments"]] == ["original/notes.txt", "original/screen.png", "original/shot-2.png"]
+    summary = (kit.package_dir(twins.ws["A"], "c1") / "content/case/revisions/0003/case_summary.md").read_text(encoding="utf-8")
+    assert "### Attachments (supplied with reports)\n\n| Path | SHA-256 | Size (bytes) | Attached by |\n" in summary
+    assert "tester\\_report original\\/report\\-d\\.json#\\/attachments\\/0 |" in summary
+
+
 def test_report_appends_rederive_completeness_request_entities_and_gaps(tmp_path):
     """What is derived across records, re-derived from the carried state and
     the new report each time: completeness (complete, then unspecified by an
