@@ -36,7 +36,7 @@ ERROR_CODES: dict[str, str] = {
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
     # archive admission (RELIABILITY.md 1-17)
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
-    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is not UTF-8, holds backslashes, drive letters, NUL, control or bidi characters or empty/. parts, or is too deep or long",
+    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is flagged UTF-8 but is not (a name without the flag is read as code page 437, as the ZIP format defines), holds backslashes, drive letters, NUL, control or bidi characters or empty/. parts, or is too deep or long",
     "ZIP_DUPLICATE_NAME": "two entries share a name",
     "ZIP_NAME_COLLISION": "two entry names are equal after Unicode NFC and case folding",
     "ZIP_SPECIAL_FILE": "an entry is a symlink, FIFO or device",

@@ -19,6 +19,7 @@ corrected append resumes a build that failed on a bad document.
 
 from __future__ import annotations
 
+import heapq
 import re
 
 from . import BUILDER_VERSION
@@ -279,9 +280,12 @@ def plan_from_manifests(
     # index 2, ...), so records of appended documents always number after
     # every earlier record, whatever their role.
     contracts = {role: contract for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result"))}
+    inventory = list(role_of.items())
+    if from_prior:
+        inventory = _prior_in_listing_order(inventory, from_prior, _first_listed(history, indexes, earlier_indexes or {}))
     documents = []
     seq = 0
-    for path, role in role_of.items():
+    for path, role in inventory:
         if role in contracts:
             documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq,
                               "lenient": path in provisional})
@@ -351,6 +355,44 @@ def plan_from_manifests(
     if enforce_limits:
         check_limits(plan, limits)
     return plan
+
+
+def _first_listed(history: list[str], indexes: dict, earlier_indexes: dict) -> dict[str, int]:
+    """Each path's place in the order the package's indexes first list it:
+    every index in generation order (those of earlier revisions too), each
+    with its reports, then its reproductions, then its other roles."""
+    first: dict[str, int] = {}
+    for path in history:
+        index = indexes[path] if path in indexes else earlier_indexes.get(path)
+        for _role, _prefix, listed in _index_roles(index):
+            for ref in listed:
+                first.setdefault(ref, len(first))
+    return first
+
+
+def _prior_in_listing_order(inventory: list[tuple[str, str]], from_prior: set[str], first: dict[str, int]) -> list[tuple[str, str]]:
+    """The inventory with the prior case's inputs interleaved across roles as
+    the indexes first listed them, as the revisions before built them.
+
+    A case lists its reports and its reproductions apart, so taken from it
+    alone every inherited report would come before every inherited
+    reproduction: a report appended after a reproduction would move ahead of
+    it in the next revision, and that revision's records would no longer
+    begin with the previous build's (an append rebuild could not splice).
+    Within each role the prior case's order is kept exactly (reproduction ids
+    follow it); only which role's next input comes next is taken from the
+    indexes. An input no index lists (never, for a case this builder wrote)
+    comes after those that are listed, in the prior case's order."""
+    unlisted = len(first)
+    queues: dict[str, list[tuple[int, int, str, str]]] = {}
+    rest = []
+    for position, (path, role) in enumerate(inventory):
+        if path in from_prior:
+            queues.setdefault(role, []).append((first.get(path, unlisted), position, path, role))
+        else:
+            rest.append((path, role))
+    # heapq.merge takes the smallest head each time and keeps each queue's own order.
+    return [(path, role) for _key, _position, path, role in heapq.merge(*queues.values())] + rest
 
 
 def raise_hint(name: str, limit: int) -> str:

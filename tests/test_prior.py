@@ -183,3 +183,50 @@ def test_planning_refuses_a_prior_case_input_listed_in_another_role_with_the_app
     index["reports"] = [moved]  # the same role: inherited as it was
     plan = plan_from_manifests(manifests=[manifest], indexes={index_path: index}, prior_case=prior_ref, limits=CaseBuilderLimits())
     assert moved in [d["path"] for d in plan["documents"]]
+
+
+def test_a_new_revision_takes_its_prior_case_inputs_in_the_order_the_indexes_listed_them():
+    """Revision 1 listed report a and reproduction p, then (appended) report
+    c; revision 2 appends report d. Its inventory is a, p, c, d: the prior
+    case's inputs interleaved across roles as the indexes first listed them
+    (a case lists reports and reproductions apart, which alone would give
+    a, c, p), so it begins with revision 1's own inventory and an append
+    rebuild can splice. The roles' own orders, and the request hash, are
+    what they were."""
+    def ref(path):
+        return {"path": path, "sha256": "ab" * 32, "size": 3}
+
+    prior_document = {
+        "inputs": {"reports": [ref("r/a.json"), ref("r/c.json")], "reproductions": [ref("p/p.json")],
+                   "expected_research": [], "attachments": []},
+        "runtime_facts": {"context": []}, "database_context": [], "source_context": [], "research": {"supplied": []},
+    }
+    files = {path: {"sha256": "ab" * 32, "size": 3} for path in ("r/a.json", "r/c.json", "p/p.json", "r/d.json")}
+    indexes = {
+        "i1.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/a.json"], "reproductions": ["p/p.json"]},
+        "inputs/2/case-inputs.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/c.json"]},
+        "inputs/4/case-inputs.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/d.json"]},
+    }
+    files.update({path: {"sha256": "cd" * 32, "size": 9} for path in indexes})
+
+    def manifest(generation, revision, index):
+        return {"case_id": "case-A", "package_id": "pkg-1", "analysis_revision": revision, "package_generation": generation,
+                "project": {"name": "demo", "version": "1.0"}, "artifacts": {"case_inputs": index}, "files": files}
+
+    manifests = [manifest(1, 1, "i1.json"), manifest(2, 1, "inputs/2/case-inputs.json"), manifest(3, 2, "inputs/2/case-inputs.json"),
+                 manifest(4, 2, "inputs/4/case-inputs.json")]
+    prior = {"ref": {"path": PRIOR_PATH, "sha256": "cd" * 32, "size": 1}, "document": prior_document}
+    current = "inputs/4/case-inputs.json"
+    earlier = {path: index for path, index in indexes.items() if path != current}
+
+    def plan(earlier_indexes):
+        return plan_from_manifests(manifests=manifests, indexes={current: indexes[current]}, prior_case=prior,
+                                   limits=CaseBuilderLimits(), earlier_indexes=earlier_indexes)
+
+    listed = plan(earlier)
+    assert [d["path"] for d in sorted(listed["documents"], key=lambda d: d["seq"])] == ["r/a.json", "p/p.json", "r/c.json", "r/d.json"]
+    assert [r["path"] for r in listed["roles"]["reports"]] == ["r/a.json", "r/c.json", "r/d.json"]
+    # Earlier indexes unreadable: the prior case's own order (reports first), and the same request.
+    unread = plan({})
+    assert [d["path"] for d in sorted(unread["documents"], key=lambda d: d["seq"])] == ["r/a.json", "r/c.json", "p/p.json", "r/d.json"]
+    assert unread["roles"] == listed["roles"] and unread["request_hash"] == listed["request_hash"]

@@ -258,7 +258,7 @@ def test_report_attachments_splice_and_classify_what_they_name(tmp_path):
     """Reports' attachments (ARCHITECTURE section 12) through appends: a new
     report attaching a file that was unclassified so far and a file the
     reproduction attaches too, then a report attaching a file of its own
-    append; each rebuild byte-identical to the whole build."""
+    append; each rebuild spliced and byte-identical to the whole build."""
     twins = Twins(tmp_path)
     twins.run("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}")
     twins.run("build", "case=c1", splice=False)
@@ -282,10 +282,10 @@ def test_report_attachments_splice_and_classify_what_they_name(tmp_path):
     second["attachments"] = ["original/shot-2.png"]
     twins.run("append", "case=c1", _append(tmp_path, "a2", files={"original/report-d.json": second, "original/shot-2.png": b"\x89PNG"},
                                           index=kit.index(reports=["original/report-d.json"])))
-    # Not spliced, as before reports had attachments: the new revision's
-    # inventory takes its prior case's reports first (report-c before the
-    # reproduction), so the previous build's order is not its beginning.
-    twins.run("build", "case=c1", splice=False)
+    # Spliced: the new revision takes its prior case's inputs in the order
+    # the indexes listed them (report-c after the reproduction), so its
+    # inventory begins with the previous build's.
+    twins.run("build", "case=c1", splice=(1, 4))
     case = twins.case(3)
     assert [a["path"] for a in case["bug"]["attachments"]] == ["original/notes.txt", "original/screen.png", "original/shot-2.png"]
     summary = (kit.package_dir(twins.ws["A"], "c1") / "content/case/revisions/0003/case_summary.md").read_text(encoding="utf-8")
