@@ -19,7 +19,14 @@ instructions, so OpenSSL's portable SHA-256 runs there and hashing counts
 several times its real share). A change of a few milliseconds is lost in
 the times here but shows in the counts.
 
-    .venv/bin/python benchmarks/ab_append.py --base HEAD~3 [--context-mib 64] [--rounds 11] [--callgrind]
+With ``--cycles N`` the rebuild timed is the one after the N-th reopen and
+append of one report (each earlier one built first): the appends after the
+first extend a case whose prior case already had an appended report, as
+repeated work on one case does. The package's 254 documents leave room for
+one append at the default limits, so for N > 1 both workspaces get a
+``limits.json`` allowing the N - 1 further documents and indexes.
+
+    .venv/bin/python benchmarks/ab_append.py --base HEAD~3 [--context-mib 64] [--rounds 11] [--cycles 1] [--callgrind]
 """
 
 from __future__ import annotations
@@ -64,26 +71,40 @@ def main() -> None:
     parser.add_argument("--context-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--callgrind", action="store_true", help="also count one rebuild's instructions under valgrind")
+    parser.add_argument("--cycles", type=int, default=1, help="reopen + append rounds before the timed rebuild (default 1)")
     args = parser.parse_args()
     with ab_trees.base_and_current(args.base, "viano-ab-") as (base, trees):
         source = base / "source"
         bench_build.make_package(source, args.context_mib)
-        extra = base / "append"
-        bench_build._write_json(extra / "original/reports/new.json", bench_build._report(999))
-        bench_build._write_json(extra / "case-inputs.json", {
-            "format": "viano-case-inputs", "format_version": 1, "reports": ["original/reports/new.json"],
-        })
+        extras = []
+        for cycle in range(args.cycles):
+            extra = base / f"append-{cycle}"
+            name = "new.json" if cycle == 0 else f"new-{cycle}.json"
+            bench_build._write_json(extra / "original/reports" / name, bench_build._report(999 - cycle))
+            bench_build._write_json(extra / "case-inputs.json", {
+                "format": "viano-case-inputs", "format_version": 1, "reports": [f"original/reports/{name}"],
+            })
+            extras.append(extra)
         for name, tree in trees.items():
             ws = base / f"ws-{name}"
             wsvar = f"workspace={ws}"
             run(tree, "admit", "case=bench", f"source={source}", wsvar)
+            if args.cycles > 1:
+                bench_build._write_json(ws / "limits.json", {
+                    "format": "viano-workspace-limits", "format_version": 1,
+                    "case_builder": {"documents": 256 + 2 * (args.cycles - 1)},
+                })
             run(tree, "build", "case=bench", wsvar)
-            run(tree, "reopen", "case=bench", "by=human:bench", "reason=benchmark append", wsvar)
-            run(tree, "append", "case=bench", f"source={extra}", wsvar)
+            for cycle, extra in enumerate(extras):
+                if cycle:
+                    run(tree, "build", "case=bench", wsvar)
+                run(tree, "reopen", "case=bench", "by=human:bench", f"reason=benchmark append {cycle + 1}", wsvar)
+                run(tree, "append", "case=bench", f"source={extra}", wsvar)
             bench_build.keep_aside(ws, base / f"aside-{name}")
         times: dict[str, list[float]] = {name: [] for name in trees}
         faults: dict[str, list[int]] = {name: [] for name in trees}
         cpu: dict[str, list[float]] = {name: [] for name in trees}
+        spliced: dict[str, int] = {name: 0 for name in trees}
         for round_ in range(args.rounds):
             order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for name in order:
@@ -96,6 +117,7 @@ def main() -> None:
                 times[name].append(elapsed)
                 faults[name].append(result.minor_faults)
                 cpu[name].append(result.cpu_seconds)
+                spliced[name] += " new input(s) appended to the " in result.stderr
         for name, values in times.items():
             print(f"{name:8s} median {statistics.median(values):.3f} s  ({' '.join(f'{v:.3f}' for v in values)})")
         print(f"current / base: {statistics.median(times['current']) / statistics.median(times['base']):.2f} (medians)")
@@ -104,6 +126,8 @@ def main() -> None:
         print(f"current / base: {statistics.median(cpu['current']) / statistics.median(cpu['base']):.2f} (CPU time, medians)")
         for name, values in faults.items():
             print(f"{name:8s} minor page faults per rebuild: {statistics.median(values):.0f} (median)")
+        for name, count in spliced.items():
+            print(f"{name:8s} rebuilds spliced onto the previous build: {count} of {args.rounds}")
         if args.callgrind:
             counted = {}
             for name, tree in trees.items():
@@ -117,7 +141,7 @@ def main() -> None:
                 counted[name] = int(found.group(1))
                 print(f"{name:8s} instructions per rebuild: {counted[name] / 1e6:.1f} M (callgrind)")
             print(f"current / base: {counted['current'] / counted['base']:.3f} (instructions)")
-        revision = "cases/bench/packages/bench/content/case/revisions/0002"
+        revision = f"cases/bench/packages/bench/content/case/revisions/{args.cycles + 1:04d}"
         differ = []
         for name in ("case.json", "case_summary.md"):
             same = (base / "ws-base" / revision / name).read_bytes() == (base / "ws-current" / revision / name).read_bytes()
