@@ -303,7 +303,7 @@ class Research(Base, kw_only=True):
 class Gap(Base, kw_only=True):
     """A data-quality gap."""
 
-    code: Literal["MISSING_INDEX", "NO_REPORTS", "NO_REPRODUCTIONS", "NO_EXPECTED_BEHAVIOR", "SUPERSEDED_INPUT", "UNNORMALIZED_KEY"]
+    code: Literal["MISSING_INDEX", "NO_REPORTS", "NO_REPRODUCTIONS", "NO_EXPECTED_BEHAVIOR", "SUPERSEDED_INPUT", "UNNORMALIZED_KEY", "IGNORED_ATTACHMENTS"]
     message: str
     source: ContentPath | UnsetType = UNSET
 

@@ -79,6 +79,7 @@ GAP_CODES: dict[str, str] = {
     "NO_EXPECTED_BEHAVIOR": "no expected behaviour was supplied",
     "SUPERSEDED_INPUT": "an earlier index of this revision listed this input but it could not be inherited (it fails its contract or the reference is unusable) and the current index does not list it; it is kept as an unclassified input",
     "UNNORMALIZED_KEY": "a claim key or entity type here equals another one after Unicode NFC normalisation but not code point for code point; they are kept apart, not merged",
+    "IGNORED_ATTACHMENTS": "this report came from the prior case, whose builder ignored reports' attachments, and its attachments are not content paths of this package; the report is kept and its attachments are ignored, as that case ignored them",
 }
 
 _NAMESPACES = ("O", "C", "T", "E", "F")
@@ -545,6 +546,7 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
     titles: list[dict] = []
     summaries: list[dict] = []
     attachments: list[dict] = []
+    ignored_attachments: list[str] = list(earlier["ignored_attachments"])
     blocks: dict[str, list[dict]] = {"O": [], "C": [], "T": [], "E": []}
     declarations: list[dict] = []
     entities = _Entities(earlier["entities"])
@@ -569,6 +571,8 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
                     blocks[ns].append(statement)
             if "declaration" in fragment:
                 declarations.append({"value": fragment["declaration"], "source": source, "pointer": "/expected_behavior_complete"})
+            if doc.get("attachments_ignored"):
+                ignored_attachments.append(source)
             for index, ref in enumerate(fragment["attachments"]):
                 pointer = json_pointer(["attachments", index])
                 attachments.append({**_resolve_ref(ref, files, source, pointer), "provenance": {"kind": "tester_report", "source": source, "pointer": pointer}})
@@ -701,6 +705,8 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
         gaps.append(_gap("NO_EXPECTED_BEHAVIOR"))
     for path in snapshot.get("superseded", []):
         gaps.append({**_gap("SUPERSEDED_INPUT"), "source": path})
+    for path in ignored_attachments:
+        gaps.append({**_gap("IGNORED_ATTACHMENTS"), "source": path})
     for path in _unnormalized_sources([*claimed["O"], *claimed["E"], *external], case["entities"]):
         gaps.append({**_gap("UNNORMALIZED_KEY"), "source": path})
     return case
@@ -763,6 +769,7 @@ _NOTHING_CARRIED: dict = {
     "summaries": [],
     "expectations": [],
     "referenced": [],
+    "ignored_attachments": [],
 }
 
 _ID_LISTS = (
@@ -842,4 +849,5 @@ def carry_forward(carried: dict | None, case: dict) -> dict:
         "summaries": [*earlier["summaries"], *(t["text"] for t in case["bug"]["summaries"])],
         "expectations": [*earlier["expectations"], *([s["id"], s["text"]] for s in tester)],
         "referenced": sorted(referenced),
+        "ignored_attachments": [g["source"] for g in case["data_quality"]["gaps"] if g["code"] == "IGNORED_ATTACHMENTS"],
     }

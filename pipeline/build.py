@@ -655,7 +655,39 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
         # raises this very error there. The record is a pure function of the
         # bytes, so caching the refusal is as sound as caching the document.
         record = {"rejected": error.to_dict()}
+        if role_of_contract(contract) == "report" and str(error.pointer or "").startswith("/attachments"):
+            without = _report_without_attachments(data, path, bound, inline)
+            if without is not None:
+                record["without_attachments"] = without
     cache.write_json(cache.input_record(path, sha256, contract, inline, over_read_bound(size, limits.document_bytes, reusing)), record)
+
+
+def role_of_contract(contract: str) -> str | None:
+    """The fragment role a document of ``contract`` is read into, if any."""
+    return _FRAGMENT_ROLES.get(contract)
+
+
+def _report_without_attachments(data: bytes, path: str, bound: int, inline: int) -> dict | None:
+    """A report refused for its ``attachments`` alone, read as builders
+    before session 17 read it: with ``attachments`` an ignored top-level
+    extension. Kept beside the refusal for the one case that needs it, a
+    report a prior case took in then (see :func:`_snapshot`); None when the
+    report fails without its attachments too."""
+    from .assemble import document_fragment
+    from .jsoncanon import float_free
+
+    try:
+        document = decode_strict(data, max_bytes=bound, path=path)
+        if not isinstance(document, dict):
+            return None
+        document.pop("attachments", None)
+        import contracts
+
+        contracts.validate("report", document, path=path)
+    except VianoError:
+        return None
+    fragment = document_fragment("report", path, document, inline)
+    return {"fragment": fragment, "float_free": float_free(fragment)}
 
 
 def over_read_bound(size: int, document_bytes: int, reusing: bool) -> bool:
@@ -734,14 +766,32 @@ def _snapshot(
                 raise
             reread(doc)
             record = cache.read_json_fast(record_path)
+        ignored = False
+        if "rejected" in record and doc.get("prior") and "without_attachments" in record:
+            record, ignored = record["without_attachments"], True
         if "rejected" in record:
             if not doc.get("lenient"):
                 problem = record["rejected"]
                 raise CaseBuildError(problem["code"], problem["message"], path=problem.get("path"), pointer=problem.get("pointer"))
             dropped.append(doc)
             continue
+        if doc.get("prior") and not ignored and "fragment" in record and record["fragment"].get("role") == "report":
+            # Resolved as assemble resolves them; what would stop it is ignored instead.
+            ignored = not _references_resolve({"attachments": record["fragment"].get("attachments")}, plan["files"])
+            if ignored:
+                record = {**record, "fragment": {**record["fragment"], "attachments": []}}
+        if ignored:
+            # A report its prior case took in when reports' attachments were an
+            # ignored extension (builders before session 17), whose attachments
+            # are not content paths of this package: kept with its statements,
+            # as that case has it, its attachments ignored, as that case
+            # ignored them, with an IGNORED_ATTACHMENTS gap. Never a report the
+            # current revision adds: those are held to the contract.
+            record = {**record, "attachments_ignored": True}
         if "fragment" in record:
             body = {"fragment": record["fragment"]}
+            if record.get("attachments_ignored"):
+                body["attachments_ignored"] = True
             fragments_float_free = fragments_float_free and record.get("float_free") is True
         else:
             body = {"document": record["document"]}

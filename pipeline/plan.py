@@ -288,7 +288,7 @@ def plan_from_manifests(
     for path, role in inventory:
         if role in contracts:
             documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq,
-                              "lenient": path in provisional})
+                              "lenient": path in provisional, "prior": path in from_prior})
             seq += 1
     # Research results carry a sibling request.json that must be read and
     # checked too: once, however many results of one folder share it (a

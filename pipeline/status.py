@@ -83,12 +83,16 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
     if not record.exists():
         return "would run: not read yet (new input, or the cache was cleared)"
     try:
-        refused = cache.read_json(record).get("rejected")
-    except (OSError, VianoError):
+        kept = cache.read_json(record)
+        refused = kept.get("rejected")
+    except (OSError, VianoError, AttributeError):
         return "would run: its cache record is unreadable"
     if not refused:
         return "up to date"
     problem = f"{refused.get('code')}: {refused.get('message')}"
+    if doc.get("prior") and "without_attachments" in kept:
+        return (f"up to date, refused for its attachments ({problem}); from the prior case, so the build keeps it "
+                "and ignores them with an IGNORED_ATTACHMENTS gap")
     if doc.get("lenient"):
         return f"up to date, refused ({problem}); inherited, so the build drops it with a SUPERSEDED_INPUT gap"
     return f"up to date, refused: the build would fail with {problem}"

@@ -71,7 +71,8 @@ NONE_SUPPLIED = "None supplied."
 #: finding the absence is.
 NONE_FOUND = "None found."
 
-#: The fixed headings, in output order (level, text). Always all present.
+#: The fixed headings, in output order (level, text). Always all present,
+#: but for the report attachments section of a case confirmed before it existed.
 SECTION_HEADINGS: tuple[tuple[int, str], ...] = (
     (1, "Case summary"),
     (2, "Case identity"),
@@ -417,13 +418,18 @@ def _texts(items: list) -> str:
 
 def _bug(case: dict) -> list[str]:
     bug = case["bug"]
-    # Absent from cases confirmed before reports' attachments were recorded.
-    attachments = bug.get("attachments") or []
-    return [
+    blocks = [
         _heading(3, "Titles"),
         _texts(bug["titles"]),
         _heading(3, "Summaries"),
         _texts(bug["summaries"]),
+    ]
+    if "attachments" not in bug:
+        # A case confirmed before reports' attachments were recorded: its
+        # summary had no such section, and rendering it again gives that summary.
+        return blocks
+    attachments = bug["attachments"]
+    return blocks + [
         _heading(3, "Attachments (supplied with reports)"),
         _table(
             ["Path", "SHA-256", "Size (bytes)", "Attached by"],

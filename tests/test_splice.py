@@ -81,7 +81,17 @@ def build(docs, prefix, *, prior=None, revision=1):
     chosen = docs[:prefix]
     reports = [(path, body, seq) for role, path, body, seq in chosen if role == "report"]
     repros = [(path, body, seq) for role, path, body, seq in chosen if role == "repro"]
-    return snapshot(reports, repros, files=FILES, context=CONTEXT, limit=LIMIT, prior=prior, revision=revision)
+    snap = snapshot(reports, repros, files=FILES, context=CONTEXT, limit=LIMIT, prior=prior, revision=revision)
+    for entry in snap["reports"]:
+        # A report from a prior case whose attachments the build ignores
+        # (build._snapshot): the IGNORED_ATTACHMENTS gap, carried across splices.
+        if entry["document"].get(IGNORED_MARK):
+            entry["document"] = {k: v for k, v in entry["document"].items() if k != "attachments"}
+            entry["attachments_ignored"] = True
+    return snap
+
+
+IGNORED_MARK = "x_attachments_ignored"
 
 
 def with_carried(snap, paths):
@@ -218,6 +228,8 @@ def _report(draw):
     if draw(st.booleans()):
         # Repeats allowed: each is its own attachment record, with its own pointer.
         body["attachments"] = draw(st.lists(st.sampled_from(["att/screen.png", "att/notes.txt"]), max_size=3))
+    if draw(st.integers(0, 4)) == 0:
+        body[IGNORED_MARK] = True
     return report(**body)
 
 
@@ -377,6 +389,9 @@ HOSTILE_DOCS = [
         title="[^1]: fake footnote", expected_behavior=[{"text": NFD}],
         entities=[{"type": "user", "id": 7}], attachments=["att/notes.txt"],
     ), 21),
+    ("report", "original/reports/legacy.json", report(
+        title="kept", observations=[{"text": "kept too"}], attachments=["att/never-sent.png"], **{IGNORED_MARK: True},
+    ), 22),
 ]
 
 
@@ -394,6 +409,9 @@ def test_the_hostile_inventory_exercises_what_the_splice_must_survive():
     assert len(merged) == 1 and len(merged[0]["sources"]) == 3 and merged[0]["roles"] == ["focus", "observed", "new"]
     assert whole["expected_behavior"]["completeness"] == "conflicting"
     assert all(whole[block][field] for block, field in APPENDED_LISTS)
+    assert {"code": "IGNORED_ATTACHMENTS", "source": "original/reports/legacy.json"}.items() <= next(
+        g for g in whole["data_quality"]["gaps"] if g["code"] == "IGNORED_ATTACHMENTS").items()
+    assert "original/reports/legacy.json" in {t["provenance"]["source"] for t in whole["bug"]["titles"]}
 
 
 @pytest.mark.parametrize("prefix", range(len(HOSTILE_DOCS) + 1))
@@ -409,7 +427,8 @@ def test_hostile_inventory_parts_are_valid_cases_and_chain():
     state = carry_forward(None, case1)
     part = assemble(with_carried(build(HOSTILE_DOCS, len(HOSTILE_DOCS)), paths_of(HOSTILE_DOCS, 2)), carried=state)
     check_contract(part)  # a part is a whole, valid case
-    assert [t["provenance"]["source"] for t in part["bug"]["titles"]] == ["original/reports/b.json", "original/reports/a.json"]
+    assert [t["provenance"]["source"] for t in part["bug"]["titles"]] == [
+        "original/reports/b.json", "original/reports/a.json", "original/reports/legacy.json"]
     for first in range(len(HOSTILE_DOCS) + 1):
         for second in range(first, len(HOSTILE_DOCS) + 1):
             check_chain(HOSTILE_DOCS, first, second)
@@ -704,8 +723,10 @@ def test_the_carried_state_is_small_and_plain():
     state = carry_forward(None, case1)
     assert set(state) == set(_NOTHING_CARRIED)
     assert state["reproductions"] == len(case1["reproduction"]["reproductions"])
-    assert state["next_floor"] == {"O": 6, "C": 2, "T": 2, "E": 5, "F": 6}
+    assert state["next_floor"] == {"O": 7, "C": 2, "T": 2, "E": 5, "F": 6}
     assert state["titles"] == [t["text"] for t in case1["bug"]["titles"]]
+    assert state["ignored_attachments"] == ["original/reports/legacy.json"]
+    assert state["referenced"] == ["att/notes.txt", "att/screen.png", "runtime/events.log"]
     assert state["declarations"] == case1["expected_behavior"]["declarations"]
     assert state["entities"] == case1["entities"]
     canonical_bytes(state)  # JSON-encodable as it is

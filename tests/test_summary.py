@@ -346,6 +346,7 @@ def full_case(t=lambda s: s) -> dict:
         "bug": {
             "titles": [{"text": t("Widget is red"), "provenance": _prov("tester_report", rep, t("/title"))}],
             "summaries": [{"text": t("It is red"), "provenance": _prov("tester_report", rep, t("/summary"))}],
+            "attachments": [{**_ref(t("att/red.png")), "provenance": _prov("tester_report", rep, t("/attachments/0"))}],
         },
         "human_observations": {
             "observations": [
@@ -462,7 +463,7 @@ def empty_case() -> dict:
         "builder_version": "1",
         "case": {"case_id": "c", "package_id": "p", "analysis_revision": 1, "package_generation": 1,
                  "project": {"name": "n", "version": "v"}, "request_hash": "00" * 32},
-        "bug": {"titles": [], "summaries": []},
+        "bug": {"titles": [], "summaries": [], "attachments": []},
         "human_observations": {"observations": [], "comments": [], "tester_hypotheses": []},
         "expected_behavior": {"completeness": "missing", "declarations": [], "statements": [],
                               "status": None, "sufficiency": "partial"},
@@ -744,3 +745,22 @@ def test_the_quick_search_finds_exactly_what_visible_text_changes():
         char = chr(code)
         changed = code in table or _LINE_BREAK_RE.search(char) is not None
         assert (_NEEDS_VISIBLE_RE.search(char) is not None) == changed, hex(code)
+
+
+def test_a_case_confirmed_before_report_attachments_renders_as_it_did():
+    """A case without ``bug.attachments`` (confirmed before reports'
+    attachments were read) renders without that section, so rendering it
+    again gives the summary it was published with (status compares them)."""
+    import json
+
+    from tests.conftest import FIXTURES
+
+    golden = FIXTURES / "golden" / "sample"
+    case = json.loads((golden / "case.json").read_text(encoding="utf-8"))
+    summary = (golden / "case_summary.md").read_text(encoding="utf-8")
+    assert render_summary(case) == summary
+    heading = "### Attachments (supplied with reports)\n\n"
+    start = summary.index(heading)
+    end = summary.index("\n\n## ", start) + 2
+    del case["bug"]["attachments"]
+    assert render_summary(case) == summary[:start] + summary[end:]

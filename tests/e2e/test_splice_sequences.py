@@ -293,6 +293,93 @@ def test_report_attachments_splice_and_classify_what_they_name(tmp_path):
     assert "tester\\_report original\\/report\\-d\\.json#\\/attachments\\/0 |" in summary
 
 
+# Builds a case as builders before session 17 did, for reports' attachments:
+# an ignored top-level extension, neither checked nor listed.
+_OLDER_BUILDER = """
+import json
+import sys
+from pathlib import Path
+
+import pipeline.reader as reader
+from pipeline.build import CaseBuilder
+from pipeline.lifecycle import CheckpointStore
+from pipeline.workspace import Workspace
+
+strict = reader.read_document
+
+
+def read_document(data, name, **kwargs):
+    if name == "report":
+        document = json.loads(data)
+        document.pop("attachments", None)
+        data = json.dumps(document).encode()
+    return strict(data, name, **kwargs)
+
+
+reader.read_document = read_document
+store = CheckpointStore(Workspace(Path(sys.argv[1])))
+try:
+    print(CaseBuilder(store).build("c1")["status"])
+finally:
+    store.close()
+"""
+
+
+def test_reports_a_prior_case_took_in_before_attachments_were_read_keep_their_statements(tmp_path):
+    """A case confirmed by a builder that ignored reports' attachments, one
+    report's a string and another's naming a file the package lacks: after a
+    reopen the new revision keeps both reports (they are its prior case's
+    inputs, which cannot be dropped or replaced), ignores their attachments
+    with an IGNORED_ATTACHMENTS gap each, and holds a report it adds to the
+    contract. The gaps are carried by the splice of the next revision."""
+    source = standard_package(tmp_path / "src")
+    for name, attachments in (("report-a.json", "see the screenshot"), ("report-b.json", ["original/never-sent.png"])):
+        report = json.loads((source / "original" / name).read_text(encoding="utf-8"))
+        report["attachments"] = attachments
+        kit.write_json(source / "original" / name, report)
+    twins = Twins(tmp_path)
+    twins.run("admit", "case=c1", f"source={source}")
+    for ws in twins.ws.values():
+        built = subprocess.run([sys.executable, "-c", _OLDER_BUILDER, str(ws)], capture_output=True, text=True,
+                               env=doit_env(), cwd=REPO, timeout=120)
+        assert built.stdout == "published\n", built.stderr
+        shutil.rmtree(ws / ".cache")  # its records were made by the emulated reader
+    twins.run("build", "case=c1", splice=False)  # the confirmed case, reused
+    _reopen(twins)
+    added = kit.report("Added", observations=[{"text": "new"}])
+    added["attachments"] = ["original/screen.png"]
+    twins.run("append", "case=c1", _append(tmp_path, "a1", files={"original/report-c.json": added},
+                                          index=kit.index(reports=["original/report-c.json"])))
+    status = twins.run("status", "case=c1")
+    assert ("read_input:original/report-a.json: up to date, refused for its attachments (SCHEMA_VIOLATION: "
+            in status.stdout), status.stdout
+    assert "from the prior case, so the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap" in status.stdout
+    twins.run("build", "case=c1")
+    case = twins.case(2)
+    gaps = [(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]]
+    assert [gap for gap in gaps if gap[0] == "IGNORED_ATTACHMENTS"] == [
+        ("IGNORED_ATTACHMENTS", "original/report-a.json"), ("IGNORED_ATTACHMENTS", "original/report-b.json")]
+    assert [t["provenance"]["source"] for t in case["bug"]["titles"]] == [
+        "original/report-a.json", "original/report-b.json", "original/report-c.json"]
+    assert [(a["path"], a["provenance"]["source"]) for a in case["bug"]["attachments"]] == [("original/screen.png", "original/report-c.json")]
+
+    # A report this revision adds is held to the contract: never ignored.
+    _reopen(twins, "again")
+    wrong = kit.report("Wrong")
+    wrong["attachments"] = "not a list"
+    twins.run("append", "case=c1", _append(tmp_path, "a2", files={"original/report-d.json": wrong},
+                                          index=kit.index(reports=["original/report-d.json"])))
+    refused = twins.run("build", "case=c1", ok=False)
+    assert "SCHEMA_VIOLATION: report: 'not a list' is not of type 'array' (original/report-d.json#/attachments)" in refused.stderr
+    fixed = kit.report("Right")
+    twins.run("append", "case=c1", _append(tmp_path, "a3", files={"original/report-e.json": fixed},
+                                          index=kit.index(reports=["original/report-e.json"])))
+    twins.run("build", "case=c1", splice=(1, 4))
+    gaps = [(g["code"], g.get("source")) for g in twins.case(3)["data_quality"]["gaps"]]
+    assert ("IGNORED_ATTACHMENTS", "original/report-a.json") in gaps and ("IGNORED_ATTACHMENTS", "original/report-b.json") in gaps
+    assert ("SUPERSEDED_INPUT", "original/report-d.json") in gaps
+
+
 def test_report_appends_rederive_completeness_request_entities_and_gaps(tmp_path):
     """What is derived across records, re-derived from the carried state and
     the new report each time: completeness (complete, then unspecified by an
