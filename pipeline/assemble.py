@@ -79,7 +79,7 @@ GAP_CODES: dict[str, str] = {
     "NO_EXPECTED_BEHAVIOR": "no expected behaviour was supplied",
     "SUPERSEDED_INPUT": "an earlier index of this revision listed this input but it could not be inherited (it fails its contract or the reference is unusable) and the current index does not list it; it is kept as an unclassified input",
     "UNNORMALIZED_KEY": "a claim key or entity type here equals another one after Unicode NFC normalisation but not code point for code point; they are kept apart, not merged",
-    "IGNORED_ATTACHMENTS": "this report came from the prior case, whose builder ignored reports' attachments, and its attachments are not content paths of this package; the report is kept and its attachments are ignored, as that case ignored them",
+    "IGNORED_ATTACHMENTS": "this report came from the prior case, which did not list its attachments (its builder ignored reports' attachments); the report is kept and its attachments stay ignored, unchecked and unlisted",
 }
 
 _NAMESPACES = ("O", "C", "T", "E", "F")

@@ -767,27 +767,28 @@ def _snapshot(
             reread(doc)
             record = cache.read_json_fast(record_path)
         ignored = False
-        if "rejected" in record and doc.get("prior") and "without_attachments" in record:
-            record, ignored = record["without_attachments"], True
+        if doc.get("prior_listed_attachments") is False:
+            # A report its prior case took in without listing its attachments:
+            # built before reports' attachments were read (they were an ignored
+            # extension then), or by a build that ignored them itself. It cannot
+            # be dropped or replaced, so it is kept with its statements, as that
+            # case has it, and its attachments stay ignored, as that case ignored
+            # them, with an IGNORED_ATTACHMENTS gap: decided by the prior case
+            # alone, never by which files the package holds by now, so every
+            # later build and revision decides alike. A report the revision adds
+            # is held to the contract.
+            if "rejected" in record and "without_attachments" in record:
+                record, ignored = record["without_attachments"], True
+            elif "fragment" in record and record["fragment"].get("attachments"):
+                record, ignored = {**record, "fragment": {**record["fragment"], "attachments": []}}, True
+            if ignored:
+                record = {**record, "attachments_ignored": True}
         if "rejected" in record:
             if not doc.get("lenient"):
                 problem = record["rejected"]
                 raise CaseBuildError(problem["code"], problem["message"], path=problem.get("path"), pointer=problem.get("pointer"))
             dropped.append(doc)
             continue
-        if doc.get("prior") and not ignored and "fragment" in record and record["fragment"].get("role") == "report":
-            # Resolved as assemble resolves them; what would stop it is ignored instead.
-            ignored = not _references_resolve({"attachments": record["fragment"].get("attachments")}, plan["files"])
-            if ignored:
-                record = {**record, "fragment": {**record["fragment"], "attachments": []}}
-        if ignored:
-            # A report its prior case took in when reports' attachments were an
-            # ignored extension (builders before session 17), whose attachments
-            # are not content paths of this package: kept with its statements,
-            # as that case has it, its attachments ignored, as that case
-            # ignored them, with an IGNORED_ATTACHMENTS gap. Never a report the
-            # current revision adds: those are held to the contract.
-            record = {**record, "attachments_ignored": True}
         if "fragment" in record:
             body = {"fragment": record["fragment"]}
             if record.get("attachments_ignored"):

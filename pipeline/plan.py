@@ -281,14 +281,22 @@ def plan_from_manifests(
     # every earlier record, whatever their role.
     contracts = {role: contract for role, contract in (*_DOCUMENT_ROLES, ("expected_research", "research-result"))}
     inventory = list(role_of.items())
+    attached: set = set()
     if from_prior:
         inventory = _prior_in_listing_order(inventory, from_prior, _first_listed(history, indexes, earlier_indexes or {}))
+        attached = _attached_by(prior_case["document"])
     documents = []
     seq = 0
     for path, role in inventory:
         if role in contracts:
-            documents.append({**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq,
-                              "lenient": path in provisional, "prior": path in from_prior})
+            document = {**_ref(path, files), "role": role, "contract": contracts[role], "seq": seq,
+                        "lenient": path in provisional, "prior": path in from_prior}
+            if path in from_prior and role == "reports":
+                # Whether the prior case listed this report's attachments: if it
+                # did not (its builder ignored them, or it ignored them itself),
+                # the build keeps them ignored (build._snapshot).
+                document["prior_listed_attachments"] = path in attached
+            documents.append(document)
             seq += 1
     # Research results carry a sibling request.json that must be read and
     # checked too: once, however many results of one folder share it (a
@@ -357,20 +365,38 @@ def plan_from_manifests(
     return plan
 
 
-def _first_listed(history: list[str], indexes: dict, earlier_indexes: dict) -> dict[str, int]:
-    """Each path's place in the order the package's indexes first list it:
-    every index in generation order (those of earlier revisions too), each
-    with its reports, then its reproductions, then its other roles."""
-    first: dict[str, int] = {}
+def _attached_by(prior_document) -> set:
+    """The reports whose attachments a prior case (or its view) lists."""
+    bug = prior_document.get("bug") if isinstance(prior_document, dict) else None
+    attachments = bug.get("attachments") if isinstance(bug, dict) else None
+    if not isinstance(attachments, list):
+        return set()
+    return {
+        item["provenance"].get("source")
+        for item in attachments
+        if isinstance(item, dict) and isinstance(item.get("provenance"), dict)
+    }
+
+
+def _first_listed(history: list[str], indexes: dict, earlier_indexes: dict) -> dict[tuple[str, str], int]:
+    """Each (path, role)'s place in the order the package's indexes first
+    list it so: every index in generation order (those of earlier revisions
+    too), each with its reports, then its reproductions, then its other
+    roles. By role too: a listing in a role the input does not have is not
+    where it was taken in (an input listed as a report, refused, and listed
+    again later as a reproduction)."""
+    first: dict[tuple[str, str], int] = {}
     for path in history:
         index = indexes[path] if path in indexes else earlier_indexes.get(path)
-        for _role, _prefix, listed in _index_roles(index):
+        for role, _prefix, listed in _index_roles(index):
             for ref in listed:
-                first.setdefault(ref, len(first))
+                first.setdefault((ref, role), len(first))
     return first
 
 
-def _prior_in_listing_order(inventory: list[tuple[str, str]], from_prior: set[str], first: dict[str, int]) -> list[tuple[str, str]]:
+def _prior_in_listing_order(
+    inventory: list[tuple[str, str]], from_prior: set[str], first: dict[tuple[str, str], int]
+) -> list[tuple[str, str]]:
     """The inventory with the prior case's inputs interleaved across roles as
     the indexes first listed them, as the revisions before built them.
 
@@ -382,13 +408,19 @@ def _prior_in_listing_order(inventory: list[tuple[str, str]], from_prior: set[st
     Within each role the prior case's order is kept exactly (reproduction ids
     follow it); only which role's next input comes next is taken from the
     indexes. An input no index lists (never, for a case this builder wrote)
-    comes after those that are listed, in the prior case's order."""
+    comes after those that are listed, in the prior case's order.
+
+    Not exact for an input an earlier revision's index listed in the same
+    role without taking it in (refused, then dropped), which a later revision
+    took in: its first listing is earlier than where it was taken in, so the
+    next revision may move it forward (ids stay; that revision's first build
+    is assembled whole instead of spliced)."""
     unlisted = len(first)
     queues: dict[str, list[tuple[int, int, str, str]]] = {}
     rest = []
     for position, (path, role) in enumerate(inventory):
         if path in from_prior:
-            queues.setdefault(role, []).append((first.get(path, unlisted), position, path, role))
+            queues.setdefault(role, []).append((first.get((path, role), unlisted), position, path, role))
         else:
             rest.append((path, role))
     # heapq.merge takes the smallest head each time and keeps each queue's own order.

@@ -1,8 +1,9 @@
 """What a build reads of the prior case: its *view*.
 
 A reopened revision's build needs two things from the prior case: the input
-inventory it inherits (:func:`pipeline.plan.plan_from_manifests`) and the ids
-it keeps (:class:`pipeline.assemble._Ids`). Both read a few megabytes'
+inventory it inherits (:func:`pipeline.plan.plan_from_manifests`, with the
+reports whose attachments it listed) and the ids it keeps
+(:class:`pipeline.assemble._Ids`). Both read a few megabytes'
 document for a few hundred kilobytes of it, once when planning and once when
 assembling, on every rebuild of the revision. The view is exactly those
 fields, with every shape the consumers check left as it is (a non-object
@@ -24,6 +25,9 @@ _WHOLE = ("format", "format_version", "builder_version", "inputs", "database_con
 
 # Blocks taken in part: (block, fields taken whole, lists of id-bearing records).
 _PARTS = (
+    # Which reports' attachments the prior case listed (planning: a report it
+    # took in whose attachments it did not list keeps them ignored).
+    ("bug", (), ("attachments",)),
     ("human_observations", (), ("observations", "comments", "tester_hypotheses")),
     ("expected_behavior", (), ("statements",)),
     ("runtime_facts", ("context",), ("facts",)),

@@ -76,10 +76,14 @@ def _unconfirmed_publication(package, record, plan: dict) -> int | None:
 _VERIFY_AGAIN = "would run: to verify it again (its size or modification time is not what it was when it was read)"
 
 
-def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
+_ATTACHMENTS_IGNORED = "from the prior case, which did not list its attachments: the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap"
+
+
+def _read_input_outlook(cache: BuildCache, record, doc: dict, reused: bool) -> str:
     """What the build would make of one structured input, from its cached record:
     a document refused when it was read stays refused (the record is a pure
-    function of its bytes), and stops the build unless it is only inherited."""
+    function of its bytes), and stops the build unless it is only inherited
+    or the revision's confirmed case is reused (which reads no input into it)."""
     if not record.exists():
         return "would run: not read yet (new input, or the cache was cleared)"
     try:
@@ -87,12 +91,17 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict) -> str:
         refused = kept.get("rejected")
     except (OSError, VianoError, AttributeError):
         return "would run: its cache record is unreadable"
+    ignored = doc.get("prior_listed_attachments") is False and not reused
     if not refused:
+        fragment = kept.get("fragment")
+        if ignored and isinstance(fragment, dict) and fragment.get("attachments"):
+            return f"up to date; {_ATTACHMENTS_IGNORED}"
         return "up to date"
     problem = f"{refused.get('code')}: {refused.get('message')}"
-    if doc.get("prior") and "without_attachments" in kept:
-        return (f"up to date, refused for its attachments ({problem}); from the prior case, so the build keeps it "
-                "and ignores them with an IGNORED_ATTACHMENTS gap")
+    if reused:
+        return f"up to date, refused ({problem}); the revision's confirmed case is reused as published, which reads no input"
+    if ignored and "without_attachments" in kept:
+        return f"up to date, refused for its attachments ({problem}); {_ATTACHMENTS_IGNORED}"
     if doc.get("lenient"):
         return f"up to date, refused ({problem}); inherited, so the build drops it with a SUPERSEDED_INPUT gap"
     return f"up to date, refused: the build would fail with {problem}"
@@ -236,6 +245,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .doitcli import subtask_name
 
     reusing = reuses_confirmed_case(cache)
+    reused_now = confirmed is not None and confirmed.request_hash == plan["request_hash"]
     stamps = read_content_stamps(cache)
     now = content_stamps_now(os.fspath(package.content_dir), [*(d["path"] for d in plan["documents"]), *(r["path"] for r in plan["opaque"])])
     for doc in plan["documents"]:
@@ -244,7 +254,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
             outlook = _VERIFY_AGAIN
         else:
-            outlook = _read_input_outlook(cache, input_record, doc)
+            outlook = _read_input_outlook(cache, input_record, doc, reused_now)
         rows.append((f"read_input:{subtask_name(doc['path'])}", outlook))
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():

@@ -152,7 +152,11 @@ def test_the_view_is_small_and_keeps_ids_and_inventory():
     assert view["inputs"] == prior["inputs"]
     assert [r["id"] for r in view["human_observations"]["observations"]] == [r["id"] for r in prior["human_observations"]["observations"]]
     assert "text" not in view["human_observations"]["observations"][0]
-    assert "bug" not in view and "entities" not in view
+    assert "entities" not in view
+    # Of the bug block only where each attachment came from (planning reads
+    # which reports' attachments the prior case listed); no titles, no text.
+    assert view["bug"] == {"attachments": [{"provenance": {k: a["provenance"][k] for k in ("source", "pointer")}}
+                                           for a in prior["bug"]["attachments"]]}
     assert len(pretty_bytes(view)) < len(pretty_bytes(prior))
     assert canonical_hash(prior_case_view(prior)) == canonical_hash(view)  # a pure function
 
@@ -230,3 +234,47 @@ def test_a_new_revision_takes_its_prior_case_inputs_in_the_order_the_indexes_lis
     unread = plan({})
     assert [d["path"] for d in sorted(unread["documents"], key=lambda d: d["seq"])] == ["r/a.json", "r/c.json", "p/p.json", "r/d.json"]
     assert unread["roles"] == listed["roles"] and unread["request_hash"] == listed["request_hash"]
+    # Which prior-case reports' attachments the prior case listed: none here
+    # (it has no bug.attachments, as cases before session 17), then c's.
+    flags = {d["path"]: d.get("prior_listed_attachments") for d in listed["documents"]}
+    assert flags == {"r/a.json": False, "r/c.json": False, "p/p.json": None, "r/d.json": None}
+    prior_document["bug"] = {"attachments": [{"path": "x.png", "provenance": {"kind": "tester_report", "source": "r/c.json", "pointer": "/attachments/0"}}]}
+    flags = {d["path"]: d.get("prior_listed_attachments") for d in plan(earlier)["documents"]}
+    assert flags == {"r/a.json": False, "r/c.json": True, "p/p.json": None, "r/d.json": None}
+
+
+def test_a_listing_in_another_role_does_not_place_a_prior_case_input():
+    """Revision 1's first index listed x as a report (refused, then dropped
+    by a corrected index listing a and p); revision 2 listed b, then x as a
+    reproduction. Revision 3 keeps revision 2's order a, p, b, x: x is placed
+    where it was listed as a reproduction, not where it was listed as a report."""
+    def ref(path):
+        return {"path": path, "sha256": "ab" * 32, "size": 3}
+
+    prior_document = {
+        "inputs": {"reports": [ref("r/a.json"), ref("r/b.json")], "reproductions": [ref("p/p.json"), ref("x.json")],
+                   "expected_research": [], "attachments": []},
+        "runtime_facts": {"context": []}, "database_context": [], "source_context": [], "research": {"supplied": []},
+    }
+    files = {path: {"sha256": "ab" * 32, "size": 3} for path in ("r/a.json", "r/b.json", "p/p.json", "x.json", "r/c.json")}
+    indexes = {
+        "i1.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/a.json", "x.json"]},
+        "inputs/2/case-inputs.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/a.json"], "reproductions": ["p/p.json"]},
+        "inputs/5/case-inputs.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/b.json"], "reproductions": ["x.json"]},
+        "inputs/8/case-inputs.json": {"format": "viano-case-inputs", "format_version": 1, "reports": ["r/c.json"]},
+    }
+    files.update({path: {"sha256": "cd" * 32, "size": 9} for path in indexes})
+
+    def manifest(generation, revision, index):
+        return {"case_id": "case-A", "package_id": "pkg-1", "analysis_revision": revision, "package_generation": generation,
+                "project": {"name": "demo", "version": "1.0"}, "artifacts": {"case_inputs": index}, "files": files}
+
+    manifests = [manifest(1, 1, "i1.json"), manifest(2, 1, "inputs/2/case-inputs.json"),
+                 manifest(5, 2, "inputs/5/case-inputs.json"), manifest(8, 3, "inputs/8/case-inputs.json")]
+    current = "inputs/8/case-inputs.json"
+    plan = plan_from_manifests(
+        manifests=manifests, indexes={current: indexes[current]},
+        prior_case={"ref": {"path": PRIOR_PATH, "sha256": "cd" * 32, "size": 1}, "document": prior_document},
+        limits=CaseBuilderLimits(), earlier_indexes={path: index for path, index in indexes.items() if path != current},
+    )
+    assert [d["path"] for d in sorted(plan["documents"], key=lambda d: d["seq"])] == ["r/a.json", "p/p.json", "r/b.json", "x.json", "r/c.json"]

@@ -345,15 +345,20 @@ def test_reports_a_prior_case_took_in_before_attachments_were_read_keep_their_st
         assert built.stdout == "published\n", built.stderr
         shutil.rmtree(ws / ".cache")  # its records were made by the emulated reader
     twins.run("build", "case=c1", splice=False)  # the confirmed case, reused
+    status = twins.run("status", "case=c1")
+    assert ("read_input:original/report-a.json: up to date, refused (SCHEMA_VIOLATION: report: 'see the screenshot' is not "
+            "of type 'array'); the revision's confirmed case is reused as published, which reads no input\n") in status.stdout, status.stdout
+    assert "would fail" not in status.stdout
     _reopen(twins)
     added = kit.report("Added", observations=[{"text": "new"}])
     added["attachments"] = ["original/screen.png"]
     twins.run("append", "case=c1", _append(tmp_path, "a1", files={"original/report-c.json": added},
                                           index=kit.index(reports=["original/report-c.json"])))
     status = twins.run("status", "case=c1")
-    assert ("read_input:original/report-a.json: up to date, refused for its attachments (SCHEMA_VIOLATION: "
-            in status.stdout), status.stdout
-    assert "from the prior case, so the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap" in status.stdout
+    ignoring = "from the prior case, which did not list its attachments: the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap"
+    assert (f"read_input:original/report-a.json: up to date, refused for its attachments (SCHEMA_VIOLATION: report: "
+            f"'see the screenshot' is not of type 'array'); {ignoring}\n") in status.stdout, status.stdout
+    assert f"read_input:original/report-b.json: up to date; {ignoring}\n" in status.stdout, status.stdout
     twins.run("build", "case=c1")
     case = twins.case(2)
     gaps = [(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]]
@@ -378,6 +383,18 @@ def test_reports_a_prior_case_took_in_before_attachments_were_read_keep_their_st
     gaps = [(g["code"], g.get("source")) for g in twins.case(3)["data_quality"]["gaps"]]
     assert ("IGNORED_ATTACHMENTS", "original/report-a.json") in gaps and ("IGNORED_ATTACHMENTS", "original/report-b.json") in gaps
     assert ("SUPERSEDED_INPUT", "original/report-d.json") in gaps
+
+    # The file report-b names, appended at last: its attachments stay ignored,
+    # as the prior case decided (with or without the cache, which carries the
+    # decision in its splice state, alike).
+    _reopen(twins, "the file")
+    twins.run("append", "case=c1", _append(tmp_path, "a4", files={"original/never-sent.png": b"\x89PNG late"},
+                                          index=kit.index(attachments=["original/never-sent.png"])))
+    twins.run("build", "case=c1", splice=(0, 5))
+    case = twins.case(4)
+    assert ("IGNORED_ATTACHMENTS", "original/report-b.json") in [(g["code"], g.get("source")) for g in case["data_quality"]["gaps"]]
+    assert [a["provenance"]["source"] for a in case["bug"]["attachments"]] == ["original/report-c.json"]
+    assert [r["path"] for r in case["inputs"]["attachments"]] == ["original/never-sent.png"]
 
 
 def test_report_appends_rederive_completeness_request_entities_and_gaps(tmp_path):
