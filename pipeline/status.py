@@ -99,7 +99,7 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict, reused: bool) -> s
         return "up to date"
     problem = f"{refused.get('code')}: {refused.get('message')}"
     if reused:
-        return f"up to date, refused ({problem}); the revision's confirmed case is reused as published, which reads no input"
+        return f"up to date, refused ({problem}); the revision's case is reused as published, which reads no input"
     if ignored and "without_attachments" in kept:
         return f"up to date, refused for its attachments ({problem}); {_ATTACHMENTS_IGNORED}"
     if doc.get("lenient"):
@@ -245,7 +245,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     from .doitcli import subtask_name
 
     reusing = reuses_confirmed_case(cache)
-    reused_now = confirmed is not None and confirmed.request_hash == plan["request_hash"]
+    # The revision's case is reused (no input read into it) when confirmed for
+    # these inputs, or published and only its confirmation lost.
+    published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
+    reused = published is not None or (confirmed is not None and confirmed.request_hash == plan["request_hash"])
     stamps = read_content_stamps(cache)
     now = content_stamps_now(os.fspath(package.content_dir), [*(d["path"] for d in plan["documents"]), *(r["path"] for r in plan["opaque"])])
     for doc in plan["documents"]:
@@ -254,7 +257,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
             outlook = _VERIFY_AGAIN
         else:
-            outlook = _read_input_outlook(cache, input_record, doc, reused_now)
+            outlook = _read_input_outlook(cache, input_record, doc, reused)
         rows.append((f"read_input:{subtask_name(doc['path'])}", outlook))
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
@@ -283,8 +286,6 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         and isinstance(case.get("case"), dict)
         and case["case"].get("request_hash") == plan["request_hash"]
     )
-    published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
-    reused = published is not None or (confirmed is not None and confirmed.request_hash == plan["request_hash"])
     # assemble, render and publish run again when the files they depend on
     # differ from what doit recorded when they last ran (or their stamp, the
     # builder's code, does). The plan file holds more than the inputs (the

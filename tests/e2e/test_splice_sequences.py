@@ -347,7 +347,7 @@ def test_reports_a_prior_case_took_in_before_attachments_were_read_keep_their_st
     twins.run("build", "case=c1", splice=False)  # the confirmed case, reused
     status = twins.run("status", "case=c1")
     assert ("read_input:original/report-a.json: up to date, refused (SCHEMA_VIOLATION: report: 'see the screenshot' is not "
-            "of type 'array'); the revision's confirmed case is reused as published, which reads no input\n") in status.stdout, status.stdout
+            "of type 'array'); the revision's case is reused as published, which reads no input\n") in status.stdout, status.stdout
     assert "would fail" not in status.stdout
     _reopen(twins)
     added = kit.report("Added", observations=[{"text": "new"}])
@@ -751,3 +751,30 @@ def test_a_refusal_read_under_a_lowered_limit_is_not_reused_under_the_default(tm
                                           index=kit.index(reproductions=["original/ok.json"])))
     twins.run("build", "case=c1", damage=lambda ws: shutil.rmtree(ws / ".cache"))
     assert "Big" in [t["text"] for t in twins.case(1)["bug"]["titles"]]
+
+
+def test_status_on_a_published_unconfirmed_case_says_no_input_is_read(tmp_path):
+    """A case an older builder published and was killed before confirming,
+    beside this builder's refusal of one of its reports (attachments [5]):
+    the next build confirms and reuses that case, reading no input into it,
+    and status says so instead of predicting the refusal."""
+    source = standard_package(tmp_path / "src")
+    report = json.loads((source / "original" / "report-a.json").read_text(encoding="utf-8"))
+    report["attachments"] = [5]
+    kit.write_json(source / "original" / "report-a.json", report)
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    refused = kit.doit("build", "case=c1", workspace=ws)
+    assert "SCHEMA_VIOLATION: report: 5 is not of type 'string' (original/report-a.json#/attachments/0)" in refused.stderr
+    shutil.move(ws / ".cache", tmp_path / "cache-kept")  # this builder's records, the refusal among them
+    older = subprocess.run([sys.executable, "-c", _OLDER_BUILDER, str(ws)], capture_output=True, text=True,
+                           env={**doit_env(), "VIANO_CRASH_AT": "build:after-publish"}, cwd=REPO, timeout=120)
+    assert older.returncode == -9, older.stderr  # killed after publishing, before confirming
+    shutil.rmtree(ws / ".cache")
+    shutil.move(tmp_path / "cache-kept", ws / ".cache")
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert ("read_input:original/report-a.json: up to date, refused (SCHEMA_VIOLATION: report: 5 is not of type 'string'); "
+            "the revision's case is reused as published, which reads no input\n") in status.stdout, status.stdout
+    assert "publish: would run: generation 2 published this case; the build confirms it and reuses it" in status.stdout
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and "confirmed at generation 2" in built.stdout, built.stderr
