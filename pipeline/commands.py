@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from .errors import AdmissionError, CaseBuildError, LifecycleError, VianoError, coded_io_error, one_line
-from .jsoncanon import CASE_MAX_DEPTH, decode_strict, pretty_bytes, sha256_hex
+from .jsoncanon import CASE_MAX_DEPTH, MAX_SAFE_INTEGER, decode_strict, pretty_bytes, sha256_hex
 from .workspace import user_path
 from .workspace_limits import PUBLISHED_CASE_CEILING, PUBLISHED_SUMMARY_CEILING, read_workspace_limits
 
@@ -210,7 +210,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 _check_no_name_collides(files, manifest)
                 _check_returning_index(returning, files, manifest)
                 _check_prior_roles_kept(returning, package, manifest, record.analysis_revision, limits)
-                if _already_held(package, manifest, index_bytes, staged.files):
+                if _already_held(manifest, index_bytes, staged.digests):
                     # A repeated append (a retried CI step, also after its
                     # build): a generation would change nothing a build reads,
                     # and the user meant none.
@@ -223,7 +223,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                     raise reopen_required()
                 _check_the_build_would_fit(package, manifest, record.generation, returning, index_bytes, staged.files, index_path, limits)
                 dropped = _no_longer_listed(package, manifest, returning, limits)
-                files[index_path] = index_bytes
+                files = {**staged.staged_files(), index_path: index_bytes}
                 new_manifest = PackageWriter(package).publish(
                     record.generation, files, artifacts={"case_inputs": index_path}
                 )
@@ -263,25 +263,19 @@ def _may_be_held(manifest: dict, index_bytes: bytes, sizes: dict[str, int]) -> b
     return all(path in entries and entries[path]["size"] == size for path, size in sizes.items())
 
 
-def _already_held(package, manifest: dict, index_bytes: bytes, files: dict) -> bool:
+def _already_held(manifest: dict, index_bytes: bytes, digests: dict[str, tuple[str, int]]) -> bool:
     """Whether the package already holds this append: the current index has
-    exactly these bytes, and every file is present with the same bytes."""
+    exactly these bytes, and every file is present with the same bytes (as
+    hashed while it was staged)."""
     import hashlib
 
     current = manifest.get("artifacts", {}).get("case_inputs")
     entries = manifest["files"]
-    if not current or current not in entries or any(path not in entries for path in files):
+    if not current or current not in entries or any(path not in entries for path in digests):
         return False
     if entries[current]["size"] != len(index_bytes) or entries[current]["sha256"] != hashlib.sha256(index_bytes).hexdigest():
         return False
-    for path, staged in files.items():
-        if os.path.getsize(staged) != entries[path]["size"]:
-            return False
-    for path, staged in files.items():
-        with open(staged, "rb") as handle:
-            if hashlib.file_digest(handle, "sha256").hexdigest() != entries[path]["sha256"]:
-                return False
-    return True
+    return all((entries[path]["sha256"], entries[path]["size"]) == digest for path, digest in digests.items())
 
 
 def _listed(index) -> list[str]:
@@ -488,6 +482,14 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                     "ILLEGAL_TRANSITION",
                     f"reopen needs a built or completed case; {case_id} is {record.state}"
                     + ("" if built else " without a confirmed case"),
+                )
+            if record.analysis_revision >= MAX_SAFE_INTEGER:
+                # Revision 2**53 would be published in a manifest that every
+                # reader of this workspace (this builder's included) refuses.
+                raise LifecycleError(
+                    "ILLEGAL_TRANSITION",
+                    f"{case_id} is at analysis revision {record.analysis_revision}, the highest a manifest can hold "
+                    f"(2^53 - 1); it cannot be reopened",
                 )
             generation = record.generation + 1
             note = {

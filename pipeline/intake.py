@@ -1530,17 +1530,29 @@ class AppendSource(tuple):
     """``(index_bytes, files)`` from :func:`read_append_source`, plus where the files are staged.
 
     Unpacks as a 2-tuple. ``files`` maps each new content path (sorted) to the
-    ``Path`` of a private, verified copy under :attr:`root`; call
-    :meth:`cleanup` (or use ``with``) once the PackageWriter has copied them.
+    ``Path`` of a private, verified copy under :attr:`root`, and
+    :attr:`digests` to its ``(sha256, size)`` as hashed while it was copied;
+    call :meth:`cleanup` (or use ``with``) once the PackageWriter has
+    published them (:meth:`staged_files`).
     """
 
     root: Path
+    digests: dict[str, tuple[str, int]]
 
-    def __new__(cls, index_bytes: bytes, files: dict[str, Path], root: Path, staging: _Staging):
+    def __new__(cls, index_bytes: bytes, files: dict[str, Path], root: Path, staging: _Staging,
+                digests: dict[str, tuple[str, int]]):
         self = super().__new__(cls, (index_bytes, files))
         self.root = root
         self._staging = staging
+        self.digests = digests
         return self
+
+    def staged_files(self) -> dict:
+        """Each content path's :class:`~pipeline.packages.StagedFile`, which
+        the PackageWriter links into the package instead of copying."""
+        from .packages import StagedFile
+
+        return {rel: StagedFile(os.fspath(path), *self.digests[rel]) for rel, path in self.files.items()}
 
     @property
     def index_bytes(self) -> bytes:
@@ -1618,8 +1630,9 @@ def read_append_source(
             files_dir = staging.path / "files"
             staging.makedirs(files_dir)
             paths = sorted(content)
-            _stage_files(staging, files_dir, src, paths, limits, progress)
+            inventory = _stage_files(staging, files_dir, src, paths, limits, progress)
             files = {rel: files_dir / rel for rel in paths}
+            digests = {rel: (entry["sha256"], entry["size"]) for rel, entry in inventory.items()}
         except BaseException:
             staging.cleanup()
             raise
@@ -1627,4 +1640,4 @@ def read_append_source(
         raise coded_io_error(exc, AdmissionError) from None  # as admit: coded, after the clean-up
     finally:
         src.close()
-    return AppendSource(bytes(index_bytes), files, staging.path, staging)
+    return AppendSource(bytes(index_bytes), files, staging.path, staging, digests)

@@ -20,6 +20,7 @@ from pipeline.jsoncanon import pretty_bytes
 from pipeline.packages import (
     Package,
     PackageWriter,
+    StagedFile,
     copy_durable,
     is_temp_name,
     write_durable,
@@ -221,6 +222,11 @@ def test_analysis_revision_carried_set_never_decreased(pkg):
         writer.publish(4, {}, analysis_revision=1)
     assert info.value.code == "INVALID_ARGUMENT"
     assert pkg.current_generation() == 4
+    assert writer.publish(4, {}, analysis_revision=2**53 - 1)["analysis_revision"] == 2**53 - 1
+    with pytest.raises(VianoError) as info:
+        writer.publish(5, {}, analysis_revision=2**53)  # no manifest reader takes it
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert pkg.current_generation() == 5
 
 
 def test_artifact_pointers(pkg):
@@ -295,6 +301,65 @@ def test_path_sources_are_streamed_and_hashed(pkg, tmp_path):
     assert (pkg.content_dir / "original" / "runtime.bin").read_bytes() == data
     assert [done for _, done in seen] == [1 << 20, 2 << 20, len(data)]  # 1 MiB chunks, hashed once
     assert pkg.verify_file("original/runtime.bin") == (sha(data), len(data))
+
+
+def _staged(ws: Workspace, data: bytes) -> StagedFile:
+    """A staged copy on the workspace's filesystem, as an append leaves one."""
+    staging = ws.root / ".staging" / "t"
+    staging.mkdir(parents=True, exist_ok=True)
+    path = staging / f"f{len(list(staging.iterdir()))}"
+    path.write_bytes(data)
+    return StagedFile(str(path), sha(data), len(data))
+
+
+def test_a_staged_file_is_linked_into_place_not_copied(pkg, ws):
+    data = os.urandom(3 << 20)
+    staged = _staged(ws, data)
+    m = PackageWriter(pkg).publish(1, {"original/runtime.bin": staged})
+    published = pkg.content_dir / "original" / "runtime.bin"
+    assert m["files"]["original/runtime.bin"] == {"sha256": sha(data), "size": len(data)}
+    assert os.stat(published).st_ino == os.stat(staged.path).st_ino  # one inode: no second copy
+    os.unlink(staged.path)  # the staging tree's removal leaves the published name
+    assert pkg.verify_file("original/runtime.bin") == (sha(data), len(data))
+    assert temps(pkg.dir) == []
+
+
+def test_a_staged_file_that_cannot_be_linked_is_copied_and_hashed_as_read(pkg, ws, monkeypatch):
+    import pipeline.packages as packages
+
+    real_link = os.link
+
+    def no_hard_links(source, target, *args, **kwargs):
+        if isinstance(source, str) and "/.staging/" in source:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_link(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(packages.os, "link", no_hard_links)
+    data = b"staged on another filesystem\n"
+    staged = _staged(ws, data)
+    m = PackageWriter(pkg).publish(1, {"original/a.txt": staged})
+    published = pkg.content_dir / "original" / "a.txt"
+    assert m["files"]["original/a.txt"] == {"sha256": sha(data), "size": len(data)}
+    assert os.stat(published).st_ino != os.stat(staged.path).st_ino
+    assert published.read_bytes() == data
+    monkeypatch.undo()
+    # A staged file whose size moved since it was hashed is copied too, and
+    # the manifest takes the hash of the bytes copied, never the stale one.
+    staged = _staged(ws, b"first")
+    Path(staged.path).write_bytes(b"changed since")
+    m = PackageWriter(pkg).publish(2, {"original/b.txt": staged})
+    assert m["files"]["original/b.txt"] == {"sha256": sha(b"changed since"), "size": len(b"changed since")}
+    assert os.stat(pkg.content_dir / "original" / "b.txt").st_ino != os.stat(staged.path).st_ino
+    assert temps(pkg.dir) == []
+
+
+def test_a_staged_file_meets_an_existing_name_as_any_source(pkg, ws):
+    same = _staged(ws, b"report v1\n")
+    assert PackageWriter(pkg).publish(1, {"original/report.data": same})["package_generation"] == 2
+    other = _staged(ws, b"report v2\n")
+    with pytest.raises(VianoError) as info:
+        PackageWriter(pkg).publish(2, {"original/report.data": other})
+    assert info.value.code == "CONTENT_CONFLICT"
 
 
 def test_path_source_must_be_a_regular_file(pkg, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -115,6 +116,28 @@ def test_append_crashed_before_its_manifest_can_be_retried_corrected(tmp_path):
     assert [p.name for p in kit.manifests(ws, "c1")] == ["000001.json", "000002.json"]
 
 
+def test_an_append_links_its_staged_copy_into_the_package_and_a_kill_after_that_is_retried(tmp_path):
+    """The file an append stages is the one it publishes (one copy of a
+    large log, not two): killed after linking it, the package's new file and
+    the staged one are one inode; the retry publishes the same bytes."""
+    ws = _admitted(tmp_path)
+    data = os.urandom(3 << 20)
+    source = kit.make_append(tmp_path / "app", files={"original/runtime/big.log": data},
+                             index=kit.index(runtime=["original/runtime/big.log"]))
+    crashed = kit.doit("append", "case=c1", f"source={source}", workspace=ws, env_extra={"VIANO_CRASH_AT": "publish:after-content"})
+    assert crashed.returncode != 0
+    linked = kit.package_dir(ws, "c1") / "content" / "original" / "runtime" / "big.log"
+    staged = [p for p in (ws / ".staging").rglob("big.log")]
+    assert len(staged) == 1 and os.stat(staged[0]).st_ino == os.stat(linked).st_ino
+    retried = kit.doit("append", "case=c1", f"source={source}", workspace=ws)
+    assert retried.returncode == 0, retried.stderr
+    assert linked.read_bytes() == data
+    assert not list((ws / ".staging").rglob("big.log"))
+    manifest = json.loads(kit.manifests(ws, "c1")[-1].read_text())
+    assert manifest["files"]["original/runtime/big.log"] == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+
+
 def test_a_returning_index_may_list_only_new_documents_and_inherits_the_rest(tmp_path):
     """Seed 001: a returning index can add only new reports without losing old
     statements, facts or provenance -- also within one revision."""
@@ -203,6 +226,29 @@ def _built_then_reopen_killed_after_publishing(tmp_path) -> Path:
                        env_extra={"VIANO_CRASH_AT": "publish:after-manifest-link"})
     assert crashed.returncode != 0
     return ws
+
+
+def test_a_case_at_the_highest_analysis_revision_is_not_reopened(tmp_path):
+    """2^53 - 1 is the highest revision a package may declare; a reopen past
+    it would publish a manifest no reader of the workspace takes."""
+    source = kit.make_package(tmp_path / "src", files={"original/r.json": kit.report("r", observations=[{"text": "seen"}])},
+                              index=kit.index(reports=["original/r.json"]))
+    manifest = json.loads((source / "manifest.json").read_text())
+    manifest["analysis_revision"] = 2**53 - 1
+    kit.write_json(source / "manifest.json", manifest)
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws)
+    refused = kit.doit("reopen", "case=c1", "by=human:alice", "reason=more logs", workspace=ws)
+    assert "at analysis revision 9007199254740991" in _one_line_error(refused, "ILLEGAL_TRANSITION")
+    assert kit.tree_digest(ws) == before
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0 and "INTEGRITY_ERROR" not in status.stdout + status.stderr, status.stdout + status.stderr
+    shutil.rmtree(ws / ".cache")
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0 and "confirmed at generation 2" in rebuilt.stdout, rebuilt.stdout + rebuilt.stderr
+    assert kit.tree_digest(ws) == before  # reused: no new generation
 
 
 def test_a_crashed_reopen_keeps_who_and_why(tmp_path):
