@@ -171,7 +171,11 @@ class Workspace(FrozenRecord):
         if value is None:
             configured = os.environ.get(WORKSPACE_ENV, "")
             value = configured if configured.strip() else DEFAULT_WORKSPACE
-        return cls(user_path(value))
+        # Resolved once: doit records each dependency by its absolute path, so
+        # one workspace reached by a link and by its target would otherwise
+        # keep two records, and every switch between them would rebuild the
+        # case (and doit status foretell it wrongly).
+        return cls(os.path.realpath(user_path(value)))
 
     @property
     def store_path(self) -> Path:

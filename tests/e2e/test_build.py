@@ -160,6 +160,23 @@ def test_noop_rebuild_reuses_and_creates_no_generation(admitted):
     assert len(kit.manifests(ws, "c1")) == 2
 
 
+def test_a_workspace_reached_by_a_link_and_by_its_target_keeps_one_build_record(tmp_path, admitted):
+    """doit records dependencies by absolute path: without resolving the
+    root, each switch between the two paths ran assemble, render and
+    publish again, and status (through the other path) said they would not."""
+    ws = admitted
+    link = tmp_path / "link-to-ws"
+    link.symlink_to(ws, target_is_directory=True)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    for path in (link, ws, link):
+        status = kit.doit("status", "case=c1", workspace=path)
+        assert "  assemble: up to date\n  render: up to date\n" in status.stdout, status.stdout
+        again = kit.doit("build", "case=c1", workspace=path)
+        assert again.returncode == 0, again.stderr
+        assert [line for line in again.stderr.splitlines() if line.startswith(".  ")] == [".  validate_index"], again.stderr
+    assert len(kit.manifests(ws, "c1")) == 2
+
+
 def _only_store_changed(before, after):
     return {k for k in set(before) | set(after) if before.get(k) != after.get(k)} <= {"checkpoints.sqlite3"}
 
