@@ -296,6 +296,33 @@ def argument_problem(variables, argv) -> str | None:
     return None
 
 
+def replaced_build_record_option(argv) -> str | None:
+    """doit's options that would replace how the build is recorded, or None.
+
+    ``--backend``, ``--db-file`` and ``--check_file_uptodate`` override
+    DOIT_CONFIG: another backend opens the case's sqlite3 dep file as its own
+    (a traceback, or the dbm file RELIABILITY 35 rules out), another file
+    leaves the case lock's protection, and doit's own checkers trust
+    modification times (RELIABILITY 43). Matched as doit's getopt matches a
+    long option: exactly, or by a prefix only one option has."""
+    from doit.cmd_base import DodoTaskLoader, DoitCmdBase
+    from doit.cmd_run import Run
+
+    fixed = {opt["long"] for opt in DoitCmdBase.base_options if opt.get("long")}
+    longs = fixed | {opt["long"] for opt in (*DodoTaskLoader.cmd_options, *Run.cmd_options) if opt.get("long")}
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].partition("=")[0]
+        matches = [name] if name in longs else [long for long in longs if long.startswith(name)]
+        if len(matches) == 1 and matches[0] in fixed:
+            return (f"--{matches[0]} is set by the builder (one sqlite3 dep file per case, under the case lock, "
+                    "checked by content hash); leave it out")
+    return None
+
+
 #: The pid of the process that took this run's case lock, in the environment
 #: so that worker processes see it however they are started (fork or spawn).
 _LOCKED_BY_ENV = "VIANO_CASE_LOCK_PID"
@@ -413,7 +440,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     argv = sys.argv if argv is None else argv
     from doit import doit_cmd
 
-    problem = argument_problem(doit_cmd._CMDLINE_VARS, argv)  # doit's own split of the command line
+    problem = argument_problem(doit_cmd._CMDLINE_VARS, argv) or replaced_build_record_option(argv)  # doit's own split of the command line
     if problem is not None:
         sys.stderr.write(f"INVALID_ARGUMENT: {problem}\n")
         raise SystemExit(3)

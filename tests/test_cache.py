@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -602,6 +604,44 @@ def test_argument_problems_are_named_before_anything_runs(variables, argv, probl
 
     found = argument_problem(variables, argv)
     assert (found is None) if problem is None else (found is not None and found.startswith(problem)), found
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["doit", "--backend=json", "build", "case=c1"], "backend"),
+        (["doit", "--backe", "dbm", "build", "case=c1"], "backend"),  # getopt takes a prefix only one option has
+        (["doit", "--db-file=/tmp/other.db", "build", "case=c1"], "db-file"),
+        (["doit", "--check_file_uptodate=timestamp", "build", "case=c1"], "check_file_uptodate"),
+        (["doit", "forget", "--backend=json", "case=c1"], "backend"),
+        (["doit", "--always-execute", "build", "case=c1"], None),
+        (["doit", "--c", "build", "case=c1"], None),  # not a unique prefix: doit refuses it itself
+        (["doit", "build", "case=c1", "--", "--backend=json"], None),
+    ],
+)
+def test_options_that_would_replace_the_build_record_are_refused(argv, option):
+    from pipeline.doitcli import replaced_build_record_option
+
+    found = replaced_build_record_option(argv)
+    assert (found is None) if option is None else found.startswith(f"--{option} is set by the builder"), found
+
+
+def test_a_backend_option_is_one_coded_line_and_leaves_the_dep_file_alone(tmp_path):
+    repo = Path(__file__).resolve().parent.parent
+    doit = str(Path(sys.executable).parent / "doit")
+    ws = tmp_path / "ws"
+    common = ["-f", str(repo / "dodo.py")]
+    assert subprocess.run([doit, *common, "admit", "case=c1", f"source={repo / 'fixtures' / 'sample'}", f"workspace={ws}"],
+                          capture_output=True, cwd=tmp_path).returncode == 0
+    assert subprocess.run([doit, *common, "build", "case=c1", f"workspace={ws}"], capture_output=True, cwd=tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in (ws / ".cache").rglob("*") if p.is_file()}
+    for option in ("--backend=json", "--backend=dbm"):
+        refused = subprocess.run([doit, *common, option, "build", "case=c1", f"workspace={ws}"], capture_output=True, text=True,
+                                 cwd=tmp_path)
+        assert refused.returncode == 3
+        assert refused.stderr.splitlines() == [f"INVALID_ARGUMENT: --backend is set by the builder (one sqlite3 dep file per case, "
+                                               "under the case lock, checked by content hash); leave it out"]
+    assert {p: p.read_bytes() for p in (ws / ".cache").rglob("*") if p.is_file()} == before
 
 
 def test_every_variable_dodo_reads_is_a_known_one():
