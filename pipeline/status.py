@@ -73,6 +73,8 @@ def _unconfirmed_publication(package, record, plan: dict) -> int | None:
     return None
 
 
+_FAILS_THE_BUILD = "up to date, refused: the build would fail with "
+
 _VERIFY_AGAIN = "would run: to verify it again (its size or modification time is not what it was when it was read)"
 
 
@@ -104,7 +106,7 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict, reused: bool) -> s
         return f"up to date, refused for its attachments ({problem}); {_ATTACHMENTS_IGNORED}"
     if doc.get("lenient"):
         return f"up to date, refused ({problem}); inherited, so the build drops it with a SUPERSEDED_INPUT gap"
-    return f"up to date, refused: the build would fail with {problem}"
+    return f"{_FAILS_THE_BUILD}{problem}"
 
 
 def _damaged_outputs(package, plan: dict) -> str | None:
@@ -372,6 +374,17 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
+    refusals = [(task, outlook.removeprefix(_FAILS_THE_BUILD)) for task, outlook in rows if outlook.startswith(_FAILS_THE_BUILD)]
+    if refusals:
+        # assemble raises the first refusal it meets; nothing after it runs.
+        task, problem = refusals[0]
+        stops = {
+            "assemble": f"would fail: {problem} (from {task}"
+            + (f", and {len(refusals) - 1} more refused input(s))" if len(refusals) > 1 else ")"),
+            "render": "would not run: the build stops at assemble",
+            "publish": "would not run: the build stops at assemble",
+        }
+        rows = [(task, stops.get(task, outlook)) for task, outlook in rows]
     return [(task, _IGNORED) if records and (records.get(task) or {}).get("ignore:") else (task, outlook) for task, outlook in rows]
 
 

@@ -817,9 +817,10 @@ def test_content_paths_with_equal_and_percent_signs_build_and_show_in_status(tmp
     assert again.returncode == 0 and "read_input" not in again.stderr, again.stderr
 
 
-def test_status_after_a_failed_build_says_assemble_and_render_would_run(tmp_path, admitted):
-    """A failed build plans the new inputs before it fails; the cached case
-    is still the previous build's, so assemble and render would run."""
+def test_status_after_a_failed_build_says_assemble_would_fail_and_nothing_after_it_runs(tmp_path, admitted):
+    """A failed build plans the new inputs before it fails; the refusal of
+    the new input is cached, so status says assemble fails with it, as the
+    next build does, and render and publish do not run."""
     ws = admitted
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert "  assemble: up to date\n  render: up to date\n" in kit.doit("status", "case=c1", workspace=ws).stdout
@@ -829,8 +830,12 @@ def test_status_after_a_failed_build_says_assemble_and_render_would_run(tmp_path
     failed = kit.doit("build", "case=c1", workspace=ws)
     assert failed.returncode != 0 and "JSON_DUPLICATE_KEY" in failed.stderr
     outlook = kit.doit("status", "case=c1", workspace=ws).stdout
-    assert "  assemble: would run: inputs changed since the last case was assembled\n" in outlook, outlook
-    assert "  render: would run: after assemble\n" in outlook, outlook
+    assert "  assemble: would fail: JSON_DUPLICATE_KEY: " in outlook, outlook
+    assert "  render: would not run: the build stops at assemble\n" in outlook, outlook
+    assert "  publish: would not run: the build stops at assemble\n" in outlook, outlook
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert [line for line in again.stderr.splitlines() if line.startswith(".  ")] == [".  validate_index", ".  assemble"], again.stderr
+    assert "JSON_DUPLICATE_KEY" in again.stderr
 
 
 def test_hashing_a_large_context_file_reports_progress(tmp_path):
