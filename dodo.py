@@ -163,7 +163,7 @@ def _plan(cache):
     """The cached plan, or None when it cannot be read: cut short by a power
     loss, say; validate_index plans again, and the per-file tasks come then."""
     try:
-        return cache.read_json(cache.plan)
+        return cache.read_plan()
     except (OSError, VianoError):
         return None
 

@@ -596,7 +596,7 @@ def _cached_plan(cache: BuildCache, expected_sha256) -> dict | None:
     if not isinstance(expected_sha256, str):
         return None
     try:
-        plan = cache.read_json(cache.plan, sha256=expected_sha256)
+        plan = cache.read_plan(sha256=expected_sha256)
     except (OSError, VianoError):
         return None
     return plan if isinstance(plan, dict) else None
@@ -987,7 +987,7 @@ def step_assemble(workspace_root, case_id) -> None:
     crashpoint("build:assemble")
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan = cache.read_json(cache.plan)
+    plan = cache.read_plan()
     _SPLICING.pop(os.fspath(cache.root), None)
     if reuses_confirmed_case(cache):
         # A confirmed case is taken as published (after its contract check),
@@ -1251,7 +1251,7 @@ def step_render(workspace_root, case_id) -> None:
 
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan = cache.read_json(cache.plan)
+    plan = cache.read_plan()
     if reuses_confirmed_case(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
@@ -1372,7 +1372,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
 
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan, plan_sha256 = cache.read_json_and_sha256(cache.plan)
+    plan, plan_sha256 = cache.read_plan_and_sha256()
     case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])
     summary_bytes = _read_output(cache, cache.summary, plan["limits"]["summary_bytes"])
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
@@ -1577,7 +1577,7 @@ def publish_is_current(workspace_root, case_id) -> bool:
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
     try:
-        plan = cache.read_json(cache.plan)
+        plan = cache.read_plan()
         published = cache.read_json(cache.published)
     except (OSError, VianoError):
         return False
@@ -1605,7 +1605,7 @@ def report_build(workspace_root, case_id) -> None:
     """The ``build`` task's own output: one line naming the confirmed case."""
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan = cache.read_json(cache.plan)
+    plan = cache.read_plan()
     try:
         published = cache.read_json(cache.published)
     except (OSError, VianoError):

@@ -308,20 +308,19 @@ class BuildCache:
         # them as null).
         from .jsoncanon import encode_sorted
 
-        self.write(path, encode_sorted(value))
+        self.write(path, _sealed(encode_sorted(value)))
 
     def write_json_fast(self, path: Path, value) -> None:
         """:meth:`write_json` through msgspec, for records of hundreds of
         kilobytes that no task lists as a dependency (key order as built)."""
         import msgspec
 
-        self.write(path, msgspec.json.encode(value))
+        self.write(path, _sealed(msgspec.json.encode(value)))
 
-    def read_json(self, path: Path, *, sha256: str | None = None):
+    def read_json(self, path: Path):
         """Read one record we wrote ourselves (plain decoding: the strict reader's
-        duplicate-key and number checks guard untrusted input, not our cache).
-        With ``sha256``, a record whose bytes do not have it is an
-        ``IntegrityError`` (another build's record, or one cut short).
+        duplicate-key and number checks guard untrusted input, not our cache;
+        the seal, damage).
 
         Through msgspec once something has imported it (every step but a
         no-op's validate_index has), else the stdlib: a rebuild reads the
@@ -330,23 +329,30 @@ class BuildCache:
         (UTF-8, no NaN or Infinity: inputs never hold them; a property test
         holds the two together), and both refuse a damaged record with a
         ``ValueError``."""
-        msgspec = sys.modules.get("msgspec")
-        decode = json.loads if msgspec is None else msgspec.json.decode
+        decode = _json_decoder()
+        return self._read(path, lambda data: decode(_unsealed(data, path.name)))
+
+    def read_plan(self, *, sha256: str | None = None):
+        """The plan, which validate_index writes as its bare bytes: doit
+        compares them (a dependency of assemble and publish), and every build
+        checks them against the sha256 kept with the store's state before
+        any step trusts them. With ``sha256``, bytes without it are an
+        ``IntegrityError`` (another build's plan, or one cut short)."""
+        decode = _json_decoder()
         if sha256 is None:
-            return self._read(path, decode)
+            return self._read(self.plan, decode)
 
         def decode_if_same(data: bytes):
             if hashlib.sha256(data).hexdigest() != sha256:
-                raise IntegrityError("INTEGRITY_ERROR", "cache record is not the one expected", path=path.name)
+                raise IntegrityError("INTEGRITY_ERROR", "cache record is not the one expected", path=self.plan.name)
             return decode(data)
 
-        return self._read(path, decode_if_same)
+        return self._read(self.plan, decode_if_same)
 
-    def read_json_and_sha256(self, path: Path) -> tuple:
-        """:meth:`read_json`, with the sha256 of the bytes it decoded."""
-        msgspec = sys.modules.get("msgspec")
-        decode = json.loads if msgspec is None else msgspec.json.decode
-        return self._read(path, lambda data: (decode(data), hashlib.sha256(data).hexdigest()))
+    def read_plan_and_sha256(self) -> tuple:
+        """:meth:`read_plan`, with the sha256 of the bytes it decoded."""
+        decode = _json_decoder()
+        return self._read(self.plan, lambda data: (decode(data), hashlib.sha256(data).hexdigest()))
 
     def read_bytes(self, path: Path, limit: int | None = None) -> bytes:
         """One record's bytes, bounded like every record read (or by ``limit``
@@ -366,18 +372,18 @@ class BuildCache:
         no-op rebuild, which reads only small records, about 10 ms."""
         import msgspec
 
-        return self._read(path, msgspec.json.decode)
+        return self._read(path, lambda data: msgspec.json.decode(_unsealed(data, path.name)))
 
     def read_msgpack(self, path: Path, kind):
         """A MessagePack record decoded as ``kind`` (a wrong shape is a corrupt record)."""
         import msgspec
 
-        return self._read(path, lambda data: msgspec.msgpack.decode(data, type=kind))
+        return self._read(path, lambda data: msgspec.msgpack.decode(_unsealed(data, path.name), type=kind))
 
     def write_msgpack(self, path: Path, value) -> None:
         import msgspec
 
-        self.write(path, msgspec.msgpack.encode(value))
+        self.write(path, _sealed(msgspec.msgpack.encode(value)))
 
     def _read(self, path: Path, decode, limit: int | None = None, version: list | None = None):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -409,6 +415,32 @@ class BuildCache:
             raise IntegrityError("INTEGRITY_ERROR", f"corrupt cache record: {error}", path=path.name) from None
         except RecursionError:  # nesting deeper than a decoder follows: damaged too
             raise IntegrityError("INTEGRITY_ERROR", "corrupt cache record: nested too deeply", path=path.name) from None
+
+
+# Every record but the plan and the outputs ends in the SHA-256 of the bytes
+# before it. A record is named by what it was derived from, never by its own
+# bytes, and several feed what a build publishes (a parsed manifest becomes
+# the base of the next one; an input's record, the case's statements; the
+# memos, the summary's lines). Damage that still decodes (one flipped byte
+# in a string) would otherwise be published; sealed, it reads as a corrupt
+# record, which is made again from the content it came from.
+_SEAL_BYTES = 32
+
+
+def _sealed(payload: bytes) -> bytes:
+    return payload + hashlib.sha256(payload).digest()
+
+
+def _unsealed(data: bytes, name: str) -> bytes:
+    payload = data[:-_SEAL_BYTES]
+    if len(data) < _SEAL_BYTES or hashlib.sha256(payload).digest() != data[-_SEAL_BYTES:]:
+        raise IntegrityError("INTEGRITY_ERROR", "corrupt cache record: its bytes are not the ones written", path=name)
+    return payload
+
+
+def _json_decoder():
+    msgspec = sys.modules.get("msgspec")
+    return json.loads if msgspec is None else msgspec.json.decode
 
 
 class ParsedManifests:

@@ -270,7 +270,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             outlook = "up to date"
         rows.append((f"hash_context:{subtask_name(ref['path'])}", outlook))
     try:
-        cached_plan = cache.read_json(cache.plan) if cache.plan.exists() else None
+        cached_plan = cache.read_plan() if cache.plan.exists() else None
     except (OSError, VianoError):
         cached_plan = None
     # A plan that cannot be read (cut short by a power loss) is planned

@@ -521,7 +521,7 @@ def test_read_json_gives_the_same_value_whichever_decoder_it_takes(tmp_path_fact
     cache = BuildCache(tmp_path_factory.mktemp("c"))
     path = cache.root / "r.json"
     cache.write_json(path, value)
-    data = path.read_bytes()
+    data = path.read_bytes()[:-32]  # without the seal
 
     def typed(v):
         if isinstance(v, dict):
@@ -676,18 +676,46 @@ def test_a_misspelled_variable_changes_nothing_anywhere(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no ./service-data, no ws
 
 
-def test_a_record_read_with_its_expected_sha256_refuses_other_bytes(tmp_path):
+def test_a_plan_read_with_its_expected_sha256_refuses_other_bytes(tmp_path):
     import hashlib
 
     cache = BuildCache(tmp_path / "cache")
-    cache.write_json(cache.plan, {"step": 1})
+    cache.write(cache.plan, b'{"step":1}')  # the plan is its bare bytes: doit compares them
     written = hashlib.sha256(cache.plan.read_bytes()).hexdigest()
-    assert cache.read_json(cache.plan, sha256=written) == {"step": 1}
-    cache.write_json(cache.plan, {"step": 2})  # an equally valid record, not the expected one
+    assert cache.read_plan(sha256=written) == {"step": 1}
+    assert cache.read_plan_and_sha256() == ({"step": 1}, written)
+    cache.write(cache.plan, b'{"step":2}')  # an equally valid plan, not the expected one
     with pytest.raises(VianoError) as refused:
-        cache.read_json(cache.plan, sha256=written)
+        cache.read_plan(sha256=written)
     assert refused.value.code == "INTEGRITY_ERROR"
-    assert cache.read_json(cache.plan) == {"step": 2}
+    assert cache.read_plan() == {"step": 2}
+
+
+@pytest.mark.parametrize("kind", ["json", "json_fast", "msgpack"])
+def test_a_record_damaged_in_a_way_that_still_decodes_is_refused(tmp_path, kind):
+    """One flipped letter in a string decodes as well as the record did: the
+    seal, not the decoder, tells it (a damaged parsed manifest was published)."""
+    import msgspec
+
+    cache = BuildCache(tmp_path / "cache")
+    path = cache.root / "r"
+    value = {"project": {"name": "demo", "version": "2.4.1"}, "n": [1, 2.5, "x"]}
+    getattr(cache, f"write_{kind}")(path, value)
+    read = (lambda: cache.read_msgpack(path, dict)) if kind == "msgpack" else (lambda: getattr(cache, f"read_{kind}")(path))
+    assert read() == value
+    data = path.read_bytes()
+    damaged = data.replace(b"2.4.1", b"2.4.2")
+    assert damaged != data
+    payload = damaged[:-32]
+    assert (msgspec.msgpack.decode(payload) if kind == "msgpack" else json.loads(payload))["project"]["version"] == "2.4.2"
+    path.write_bytes(damaged)
+    with pytest.raises(VianoError) as refused:
+        read()
+    assert refused.value.code == "INTEGRITY_ERROR" and "not the ones written" in refused.value.message
+    for cut in (b"", data[:20], data[:-1]):
+        path.write_bytes(cut)
+        with pytest.raises(VianoError):
+            read()
 
 
 def test_a_record_write_that_fails_names_the_record(tmp_path):

@@ -130,6 +130,18 @@ def doit(*args: str, workspace: Path, env_extra: dict | None = None, timeout=120
     )
 
 
+def unsealed(record: bytes) -> bytes:
+    """A cache record's bytes without its seal (the SHA-256 of them, at its end), which must hold."""
+    payload = record[:-32]
+    assert hashlib.sha256(payload).digest() == record[-32:], "the record's seal does not hold"
+    return payload
+
+
+def sealed(payload: bytes) -> bytes:
+    """``payload`` as the build cache writes a record: with its seal."""
+    return payload + hashlib.sha256(payload).digest()
+
+
 def tree_digest(root: Path, *, skip_cache=True) -> dict:
     """path -> sha256 of every file under root (the workspace fingerprint)."""
     out = {}

@@ -308,7 +308,8 @@ def test_failed_build_keeps_files_and_a_corrected_append_resumes(tmp_path):
     assert kit.tree_digest(ws / "cases") == before
     status = kit.doit("status", "case=c1", workspace=ws)
     assert "state: BUILDING_CASE" in status.stdout  # the start checkpoint is kept
-    assert "  assemble: would run: no cached output" in status.stdout, status.stdout
+    assert ("  assemble: would fail: JSON_DUPLICATE_KEY: duplicate key 'title' (from read_input:original/report-b.json)\n"
+            "  render: would not run: the build stops at assemble\n") in status.stdout, status.stdout
     assert ("read_input:original/report-b.json: up to date, refused: the build would fail with JSON_DUPLICATE_KEY"
             in status.stdout), status.stdout
     fix = kit.make_append(
@@ -597,13 +598,13 @@ def _assert_planned_once(ws: Path) -> None:
     assert re.findall(r"^\.  (\S+)", replanned.stderr, re.M) == ["validate_index"]
     again = _plan_records(ws)
     assert again["plan.json"][1] == left["plan.json"][1]
-    assert json.loads(again["store-state.json"][1]) == json.loads(left["store-state.json"][1])
+    assert json.loads(kit.unsealed(again["store-state.json"][1])) == json.loads(kit.unsealed(left["store-state.json"][1]))
 
 
 def test_publication_leaves_the_plan_current_for_the_next_build(tmp_path, admitted):
     ws = admitted
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
-    assert json.loads(_plan_records(ws)["store-state.json"][1])["reuse"] is True
+    assert json.loads(kit.unsealed(_plan_records(ws)["store-state.json"][1]))["reuse"] is True
     _assert_planned_once(ws)
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
     extra = kit.make_append(

@@ -138,6 +138,37 @@ def test_an_append_links_its_staged_copy_into_the_package_and_a_kill_after_that_
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
 
 
+@pytest.mark.parametrize("records", ["*.manifest.msgpack", "*.json"])
+def test_cache_records_damaged_in_a_way_that_still_decodes_are_made_again_not_published(tmp_path, records):
+    """One changed byte inside a string of a cached parsed manifest (the
+    base of the next manifest) or of an input's record (the case's
+    statements) decodes as well as before. Found by session 18's review: the
+    project version so changed was published in a new manifest and case."""
+    twins = {}
+    for name in ("damaged", "clean"):
+        ws = _admitted(tmp_path / name)
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+        assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+        source = _report_append(tmp_path / name, "r9", ["original/report-a.json"])
+        assert kit.doit("append", "case=c1", f"source={source}", workspace=ws).returncode == 0
+        twins[name] = ws
+    changed = 0
+    for path in (twins["damaged"] / ".cache").rglob(records):
+        data = path.read_bytes()
+        for old, new in ((b"2.4.1", b"2.4.2"), (b"The switch remains off", b"The switch remains on!")):
+            if old in data:
+                path.write_bytes(data.replace(old, new))
+                changed += 1
+                break
+    assert changed
+    shutil.rmtree(twins["clean"] / ".cache")
+    for ws in twins.values():
+        built = kit.doit("build", "case=c1", workspace=ws)
+        assert built.returncode == 0, built.stderr
+    published = {name: {k: v for k, v in kit.tree_digest(ws).items() if k.startswith("cases/")} for name, ws in twins.items()}
+    assert published["damaged"] == published["clean"]
+
+
 def test_a_returning_index_may_list_only_new_documents_and_inherits_the_rest(tmp_path):
     """Seed 001: a returning index can add only new reports without losing old
     statements, facts or provenance -- also within one revision."""

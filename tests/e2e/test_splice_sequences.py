@@ -585,9 +585,9 @@ def test_damaged_cache_falls_back_to_the_whole_assembly(tmp_path):
         import msgspec
 
         [state] = _states(ws)
-        value = msgspec.msgpack.decode(state.read_bytes())
+        value = msgspec.msgpack.decode(kit.unsealed(state.read_bytes()))
         value["carried"] = {**value["carried"], "next_floor": {"Z": "x"}, "entities": [1], "claims": {"O": [[1]], "E": 2}}
-        state.write_bytes(msgspec.msgpack.encode(value))
+        state.write_bytes(kit.sealed(msgspec.msgpack.encode(value)))  # sealed again: only its types are wrong
 
     def truncate_state(ws):
         [state] = _states(ws)
@@ -710,7 +710,7 @@ def test_a_damaged_prior_case_view_is_derived_again_with_or_without_the_state(tm
     # B assembled whole, reading the view: derived again and left whole. (A
     # spliced without needing it; a later reader derives it the same way.)
     for view in (twins.ws["B"] / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
-        json.loads(view.read_bytes())
+        json.loads(kit.unsealed(view.read_bytes()))
 
 
 def test_planning_derives_a_damaged_prior_case_view_again(tmp_path):
@@ -728,7 +728,7 @@ def test_planning_derives_a_damaged_prior_case_view_again(tmp_path):
     twins.run("build", "case=c1")
     for ws in twins.ws.values():
         for view in (ws / ".cache" / "c1" / "documents").rglob("*.case-view.*.json"):
-            json.loads(view.read_bytes())  # planning left it whole again
+            json.loads(kit.unsealed(view.read_bytes()))  # planning left it whole again
 
 
 def test_a_refusal_read_under_a_lowered_limit_is_not_reused_under_the_default(tmp_path):
