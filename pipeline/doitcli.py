@@ -101,8 +101,12 @@ OUTPUT_DIGEST = "output_sha256"
 def output_digest(path) -> dict:
     """A doit action after assemble's or render's step: the digest of the
     output the step just wrote, saved by doit with the task's success. The
-    step has remembered it (:func:`remember_file_digest`), so nothing is read."""
-    return {OUTPUT_DIGEST: _sha256_file(path)}
+    step has remembered it (:func:`remember_file_digest`), so nothing is read.
+    Gone already (the cache deleted while the build runs): one coded line."""
+    try:
+        return {OUTPUT_DIGEST: _sha256_file(path)}
+    except OSError as error:
+        return TaskFailed(io_error_line(error))
 
 
 def output_as_written(task, values, path) -> bool:
@@ -613,7 +617,9 @@ def _read_the_dep_file_in_one_query() -> None:
     def __init__(self, name, codec, *, module_name=None):
         try:
             open_file(self, name, codec, module_name=module_name)
-        except DatabaseException as error:
+        except (DatabaseException, sqlite3.OperationalError) as error:
+            # (sqlite's own error when the folder went away meanwhile: the
+            # cache deleted while the build starts.)
             # doit names any failure to create its table a corrupt file; one
             # that cannot be written (full disk, file size limit, read-only)
             # is no reason to stop a build: it runs without the record, and

@@ -215,6 +215,34 @@ def test_doit_runs_end_without_collecting_what_is_left(tmp_path):
     assert int(lines[2].split("=")[1]) >= 100000  # the list's dicts and lists among them
 
 
+def test_a_dep_file_whose_folder_went_away_is_a_warning_and_the_build_goes_on(tmp_path, capsys):
+    """The case's cache deleted while a build starts: sqlite cannot open the
+    file there (its own OperationalError, which doit does not wrap). Found by
+    session 18's review as a traceback; now the build runs without the record."""
+    from doit.dependency import JSONCodec, SqliteDB
+
+    from pipeline.doitcli import _read_the_dep_file_in_one_query
+
+    _read_the_dep_file_in_one_query()
+    db = SqliteDB(str(tmp_path / "gone" / "doit.sqlite3"), codec=JSONCodec())
+    db.set("assemble", "_config_changed", "abc")
+    assert db.get("assemble", "_config_changed") == "abc"
+    assert capsys.readouterr().err == (
+        "warning: IO_ERROR: the build's dependency file cannot be written (unable to open database file); "
+        "the build goes on without it and the next build repeats its checks\n"
+    )
+
+
+def test_an_output_gone_before_its_digest_is_one_coded_line(tmp_path):
+    from doit.exceptions import TaskFailed
+
+    from pipeline.doitcli import output_digest
+
+    failed = output_digest(tmp_path / "out" / "case.json")
+    assert isinstance(failed, TaskFailed)
+    assert failed.message.startswith("IO_ERROR: ") and "\n" not in failed.message
+
+
 def test_the_dep_file_is_read_in_one_query_and_answers_as_doit_stored_it(tmp_path):
     """doit's sqlite3 backend queries the file once per task; the build's is
     read whole when opened (pipeline.doitcli._read_the_dep_file_in_one_query)."""
