@@ -73,6 +73,7 @@ __all__ = [
     "Package",
     "PackageWriter",
     "StagedFile",
+    "file_stamp",
     "write_durable",
     "copy_durable",
     "manifest_name",
@@ -348,6 +349,14 @@ class StagedFile(NamedTuple):
     path: str
     sha256: str
     size: int
+    #: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` once its
+    #: writer closed it: any write since, or another file put in its place,
+    #: moves one of them, and then it is copied (and hashed) instead.
+    stamp: tuple | None = None
+
+
+def file_stamp(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _hash_source(source, label: str, progress: Progress | None = None) -> tuple[str, int]:
@@ -522,10 +531,13 @@ def _link_staged(
 ) -> tuple[str, int] | None:
     """Publish ``staged`` as ``name`` by a hard link after an fsync of its
     bytes: the staged file stands in for :func:`_link_new`'s temp, and its
-    staging tree's removal drops the second name. None where it cannot be
-    linked (another filesystem, no hard links) or no longer has the size it
-    was staged with: the caller copies it then, hashing what it reads.
-    Raises :class:`_NameExists` as :func:`_link_new` does."""
+    staging tree's removal drops the second name. The inode linked is the
+    one opened and compared with the stamp its writer took (through
+    ``/proc/self/fd``, not by name, so a file put in its place meanwhile is
+    not the one published under the staged digest). None where it cannot
+    be linked so (another filesystem, no hard links, no ``/proc``) or it is
+    not as its writer left it: the caller copies it then, hashing what it
+    reads. Raises :class:`_NameExists` as :func:`_link_new` does."""
     try:
         fd = os.open(staged.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -534,23 +546,34 @@ def _link_staged(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != staged.size:
             return None
+        if staged.stamp is not None and file_stamp(st) != tuple(staged.stamp):
+            return None
+        if not os.path.isdir("/proc/self/fd"):
+            return None
         try:
             os.fsync(fd)
         except OSError as exc:
             raise _io_error("fsync of the staged file", exc, label) from None
+        digest = (staged.sha256, staged.size)
+        if crash_after_temp:
+            crashpoint(crash_after_temp)
+        try:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+        except FileExistsError:
+            raise _NameExists(digest) from None
+        except OSError as exc:
+            if exc.errno in _REAL_LINK_FAILURES:
+                raise _io_error("linking the new file into place", exc, label) from None
+            return None  # another filesystem, no hard links, no usable /proc link
+        # Written between the check and the link (the link itself moves the
+        # change time, so the modification time and size tell): take the
+        # link back, and the caller copies what is there now.
+        after = os.fstat(fd)
+        if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+            os.unlink(name, dir_fd=dir_fd)
+            return None
     finally:
         os.close(fd)
-    digest = (staged.sha256, staged.size)
-    if crash_after_temp:
-        crashpoint(crash_after_temp)
-    try:
-        os.link(staged.path, name, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except FileExistsError:
-        raise _NameExists(digest) from None
-    except OSError as exc:
-        if exc.errno == errno.EXDEV or exc.errno in _NO_HARD_LINKS:
-            return None
-        raise _io_error("linking the new file into place", exc, label) from None
     if crash_after_link:
         crashpoint(crash_after_link)
     return digest

@@ -22,6 +22,7 @@ from pipeline.packages import (
     PackageWriter,
     StagedFile,
     copy_durable,
+    file_stamp,
     is_temp_name,
     write_durable,
 )
@@ -309,7 +310,7 @@ def _staged(ws: Workspace, data: bytes) -> StagedFile:
     staging.mkdir(parents=True, exist_ok=True)
     path = staging / f"f{len(list(staging.iterdir()))}"
     path.write_bytes(data)
-    return StagedFile(str(path), sha(data), len(data))
+    return StagedFile(str(path), sha(data), len(data), file_stamp(os.stat(path)))
 
 
 def test_a_staged_file_is_linked_into_place_not_copied(pkg, ws):
@@ -330,7 +331,7 @@ def test_a_staged_file_that_cannot_be_linked_is_copied_and_hashed_as_read(pkg, w
     real_link = os.link
 
     def no_hard_links(source, target, *args, **kwargs):
-        if isinstance(source, str) and "/.staging/" in source:
+        if isinstance(source, str) and source.startswith("/proc/self/fd/"):
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         return real_link(source, target, *args, **kwargs)
 
@@ -350,6 +351,56 @@ def test_a_staged_file_that_cannot_be_linked_is_copied_and_hashed_as_read(pkg, w
     m = PackageWriter(pkg).publish(2, {"original/b.txt": staged})
     assert m["files"]["original/b.txt"] == {"sha256": sha(b"changed since"), "size": len(b"changed since")}
     assert os.stat(pkg.content_dir / "original" / "b.txt").st_ino != os.stat(staged.path).st_ino
+    assert temps(pkg.dir) == []
+
+
+@pytest.mark.parametrize("change", ["written in place", "replaced"])
+def test_a_staged_file_changed_after_its_writer_closed_it_is_copied_with_the_hash_of_what_is_copied(pkg, ws, change):
+    """Found by session 18's re-review: a staged file written again (same
+    size) or replaced before the link was published under the digest it was
+    staged with, a manifest its content never met. Its stamp moved, so it is
+    copied, and the manifest holds what was copied."""
+    staged = _staged(ws, b"A" * 4096)
+    time.sleep(0.01)  # a later change time, on filesystems with coarse ones
+    if change == "written in place":
+        with open(staged.path, "r+b") as handle:
+            handle.write(b"EVIL")
+    else:
+        os.unlink(staged.path)
+        Path(staged.path).write_bytes(b"\0" * 4096)
+    m = PackageWriter(pkg).publish(1, {"original/extra.log": staged})
+    published = (pkg.content_dir / "original" / "extra.log").read_bytes()
+    assert published != b"A" * 4096
+    assert m["files"]["original/extra.log"] == {"sha256": sha(published), "size": 4096}
+    assert pkg.verify_file("original/extra.log") == (sha(published), 4096)
+
+
+def test_a_staged_file_written_between_its_check_and_its_link_is_unlinked_and_copied(pkg, ws, monkeypatch):
+    """The write lands in the inode being linked (the re-review held the link
+    back for 4 s under strace and wrote meanwhile); the link is taken back
+    and what is there now is copied and hashed."""
+    import pipeline.packages as packages
+
+    staged = _staged(ws, b"A" * 4096)
+    real_link = os.link
+    linked_names = []
+
+    def write_then_link(source, target, *args, **kwargs):
+        if isinstance(source, str) and source.startswith("/proc/self/fd/"):
+            time.sleep(0.01)
+            with open(staged.path, "r+b") as handle:
+                handle.write(b"EVIL")
+            linked_names.append(target)
+        return real_link(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(packages.os, "link", write_then_link)
+    m = PackageWriter(pkg).publish(1, {"original/extra.log": staged})
+    monkeypatch.undo()
+    published = pkg.content_dir / "original" / "extra.log"
+    assert linked_names == ["extra.log"]  # it was linked, then taken back
+    assert published.read_bytes().startswith(b"EVIL")
+    assert m["files"]["original/extra.log"] == {"sha256": sha(published.read_bytes()), "size": 4096}
+    assert os.stat(published).st_ino != os.stat(staged.path).st_ino
     assert temps(pkg.dir) == []
 
 
