@@ -307,22 +307,42 @@ def replaced_build_record_option(argv) -> str | None:
     DOIT_CONFIG: another backend opens the case's sqlite3 dep file as its own
     (a traceback, or the dbm file RELIABILITY 35 rules out), another file
     leaves the case lock's protection, and doit's own checkers trust
-    modification times (RELIABILITY 43). Matched as doit's getopt matches a
-    long option: exactly, or by a prefix only one option has."""
-    from doit.cmd_base import DodoTaskLoader, DoitCmdBase
-    from doit.cmd_run import Run
+    modification times (RELIABILITY 43). Found as doit finds them: its
+    loader options first, its variables set aside, then the command's own
+    options through getopt, which takes a prefix only one of that command's
+    options has and the value after an option that takes one."""
+    import getopt
 
-    fixed = {opt["long"] for opt in DoitCmdBase.base_options if opt.get("long")}
-    longs = fixed | {opt["long"] for opt in (*DodoTaskLoader.cmd_options, *Run.cmd_options) if opt.get("long")}
-    for arg in argv[1:]:
-        if arg == "--":
-            break
-        if not arg.startswith("--"):
-            continue
-        name = arg[2:].partition("=")[0]
-        matches = [name] if name in longs else [long for long in longs if long.startswith(name)]
-        if len(matches) == 1 and matches[0] in fixed:
-            return (f"--{matches[0]} is set by the builder (one sqlite3 dep file per case, under the case lock, "
+    from doit.cmd_base import DodoTaskLoader, DoitCmdBase
+    from doit.cmdparse import CmdOption, CmdParse
+    from doit.doit_cmd import DoitMain
+
+    def parser(options) -> tuple[str, list[str]]:
+        found = CmdParse([CmdOption(option) for option in options])
+        return found.get_short(), found.get_long()
+
+    fixed = {f"--{option['long']}" for option in DoitCmdBase.base_options if option.get("long")}
+    args = list(argv[1:])
+    try:
+        _, args = getopt.getopt(args, *parser(DodoTaskLoader.cmd_options))
+    except getopt.GetoptError:
+        pass  # doit, too, then reads the loader options with the command's
+    args = [arg for arg in args if arg.startswith("-") or "=" not in arg]
+    commands = {command.get_name(): command for command in DoitMain.DOIT_CMDS}
+    command = commands.get(args[0]) if args else None
+    if command is None:
+        command = commands["run"]
+    else:
+        args = args[1:]
+    if not issubclass(command, DoitCmdBase):
+        return None  # no dep file of the builder's is opened
+    try:
+        found, _ = getopt.getopt(args, *parser((*DoitCmdBase.base_options, *DodoTaskLoader.cmd_options, *command.cmd_options)))
+    except getopt.GetoptError:
+        return None  # doit refuses the command line itself
+    for option, _ in found:
+        if option in fixed:
+            return (f"{option} is set by the builder (one sqlite3 dep file per case, under the case lock, "
                     "checked by content hash); leave it out")
     return None
 

@@ -642,9 +642,19 @@ def test_argument_problems_are_named_before_anything_runs(variables, argv, probl
         (["doit", "--db-file=/tmp/other.db", "build", "case=c1"], "db-file"),
         (["doit", "--check_file_uptodate=timestamp", "build", "case=c1"], "check_file_uptodate"),
         (["doit", "forget", "--backend=json", "case=c1"], "backend"),
+        (["doit", "-f", "dodo.py", "-d", ".", "--db=x", "build", "case=c1"], "db-file"),
+        # Only run has --continue: for the other commands --c is --check_file_uptodate.
+        (["doit", "list", "--c=timestamp"], "check_file_uptodate"),
+        (["doit", "info", "--c", "timestamp", "assemble", "case=c1"], "check_file_uptodate"),
         (["doit", "--always-execute", "build", "case=c1"], None),
-        (["doit", "--c", "build", "case=c1"], None),  # not a unique prefix: doit refuses it itself
+        (["doit", "--c", "build", "case=c1"], None),  # not a unique prefix for run: doit refuses it itself
         (["doit", "build", "case=c1", "--", "--backend=json"], None),
+        # The value of an option that takes one is not an option.
+        (["doit", "-o", "--backend", "build", "case=c1"], None),
+        (["doit", "--output-file", "--db", "build", "case=c1"], None),
+        (["doit", "list"], None),
+        (["doit", "help", "build"], None),
+        (["doit", "-f", "dodo.py", "-d", ".", "status", "case=c1"], None),
     ],
 )
 def test_options_that_would_replace_the_build_record_are_refused(argv, option):
