@@ -253,14 +253,24 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     reused = published is not None or (confirmed is not None and confirmed.request_hash == plan["request_hash"])
     stamps = read_content_stamps(cache)
     now = content_stamps_now(os.fspath(package.content_dir), [*(d["path"] for d in plan["documents"]), *(r["path"] for r in plan["opaque"])])
+    refusals = []  # (task, problem) of each input whose cached refusal stops the build at assemble
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         input_record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
+        task = f"read_input:{subtask_name(doc['path'])}"
+        outlook = _read_input_outlook(cache, input_record, doc, reused) if input_record.exists() else None
+        if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
+            # Read again after its stamp moved, the bytes the manifest pins
+            # give the same refusal (or INTEGRITY_ERROR for other bytes).
+            refusals.append((task, outlook.removeprefix(_FAILS_THE_BUILD)))
         if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
-            outlook = _VERIFY_AGAIN
-        else:
+            if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
+                outlook = f"{_VERIFY_AGAIN}; it was refused when last read: {outlook.removeprefix(_FAILS_THE_BUILD)}"
+            else:
+                outlook = _VERIFY_AGAIN
+        elif outlook is None:
             outlook = _read_input_outlook(cache, input_record, doc, reused)
-        rows.append((f"read_input:{subtask_name(doc['path'])}", outlook))
+        rows.append((task, outlook))
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             outlook = "would run: not hashed yet (new file, or the cache was cleared)"
@@ -295,7 +305,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     # a new plan that assemble never ran on: so the plan validate_index would
     # write now is compared with doit's record, not with the cached file.
     plan_state = _file_state(encode_sorted(_plan_as_written(package, plan, reused)))
-    records = cache.doit_records(("assemble", "render", "publish"))
+    subtasks = tuple(task for task, _ in rows if task.startswith(("read_input:", "hash_context:")))
+    records = cache.doit_records(("assemble", "render", "publish", *subtasks))
     stamp = _current_stamp()
     plan_path, case_path, summary_path = str(cache.plan), str(cache.case_json), str(cache.summary)
     case_bytes = _cached_bytes(cache.case_json, PUBLISHED_CASE_CEILING) if cache.case_json.exists() else None
@@ -374,8 +385,12 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
-    refusals = [(task, outlook.removeprefix(_FAILS_THE_BUILD)) for task, outlook in rows if outlook.startswith(_FAILS_THE_BUILD)]
-    if refusals:
+    ignored = [task for task in subtasks if records and (records.get(task) or {}).get("ignore:")]
+    if ignored:
+        # doit skips the tasks that depend on an ignored one as well.
+        after = f"ignored with {ignored[0]} (`doit ignore`): the build skips it and publishes nothing until `doit forget {ignored[0]}`"
+        rows = [(task, after) if task in ("assemble", "render", "publish") else (task, outlook) for task, outlook in rows]
+    elif refusals:
         # assemble raises the first refusal it meets; nothing after it runs.
         task, problem = refusals[0]
         stops = {

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -837,6 +839,35 @@ def test_status_after_a_failed_build_says_assemble_would_fail_and_nothing_after_
     again = kit.doit("build", "case=c1", workspace=ws)
     assert [line for line in again.stderr.splitlines() if line.startswith(".  ")] == [".  validate_index", ".  assemble"], again.stderr
     assert "JSON_DUPLICATE_KEY" in again.stderr
+
+
+def test_status_after_a_refusal_foretells_the_build_when_the_refused_file_was_touched_or_its_read_ignored(tmp_path, admitted):
+    """Found by session 18's re-review: a refused input whose stamp moved
+    (touch, or a workspace restored with cp -a) is read again and refused
+    again, and `doit ignore` on its read_input skips everything after it."""
+    ws = admitted
+    bad = kit.duplicate_key_append(tmp_path / "bad")
+    assert kit.doit("append", "case=c1", f"source={bad}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode != 0
+    refused = kit.package_dir(ws, "c1") / "content" / "original" / "dup.json"
+    os.utime(refused, ns=(time.time_ns(), time.time_ns()))
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "would run: to verify it again" in outlook and "it was refused when last read: JSON_DUPLICATE_KEY" in outlook, outlook
+    assert "  assemble: would fail: JSON_DUPLICATE_KEY: " in outlook, outlook
+    assert "  render: would not run: the build stops at assemble\n" in outlook, outlook
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode != 0 and "JSON_DUPLICATE_KEY" in again.stderr
+    ran = re.findall(r"^\.  (\S+)", again.stderr, re.M)
+    assert ran[0] == "validate_index" and ran[-1] == "assemble" and any(t.startswith("read_input:") for t in ran), ran
+    task = next(t for t in ran if t.startswith("read_input:"))
+    assert kit.doit("ignore", task, "case=c1", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert f"  {task}: ignored (`doit ignore`)" in outlook, outlook
+    for step in ("assemble", "render", "publish"):
+        assert f"  {step}: ignored with {task} (`doit ignore`)" in outlook, outlook
+    skipped = kit.doit("build", "case=c1", workspace=ws)
+    assert skipped.returncode == 0, skipped.stderr
+    assert {f"!! {t}" for t in (task, "assemble", "render", "publish")} <= set(skipped.stderr.splitlines()), skipped.stderr
 
 
 def test_hashing_a_large_context_file_reports_progress(tmp_path):
