@@ -348,7 +348,7 @@ def main() -> None:
               f" {max(0.0, 0.15 * cold - noop_median) * 1000:.0f} ms; it took {(append_time - noop_median) * 1000:.0f} ms)")
         bound = statistics.median(bound_runs)
         print(f"lower bound of an append:  {bound:.3f} s median of {len(bound_runs)} (the no-op plus importing msgspec,"
-              f" +{(bound - noop_median) * 1000:.0f} ms); / cold: {bound / cold:.3f}")
+              f" {(bound - noop_median) * 1000:+.0f} ms against the no-op's median); / cold: {bound / cold:.3f}")
         print(f"re-read documents:         {read}  re-hashed files: {hashed or 'none'}")
         print(f"minor page faults:         no-op {statistics.median(r.minor_faults for _, r in noop_runs):.0f},"
               f" rebuild after append {statistics.median(r.minor_faults for _, r in appends):.0f} (medians)")
