@@ -557,13 +557,7 @@ def _link_staged(
         digest = (staged.sha256, staged.size)
         if crash_after_temp:
             crashpoint(crash_after_temp)
-        try:
-            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
-        except FileExistsError:
-            raise _NameExists(digest) from None
-        except OSError as exc:
-            if exc.errno in _REAL_LINK_FAILURES:
-                raise _io_error("linking the new file into place", exc, label) from None
+        if not _link_descriptor(fd, dir_fd, name, digest, label):
             return None  # another filesystem, no hard links, no usable /proc link
         # Written between the check and the link (the link itself moves the
         # change time, so the modification time and size tell): take the
@@ -577,6 +571,22 @@ def _link_staged(
     if crash_after_link:
         crashpoint(crash_after_link)
     return digest
+
+
+def _link_descriptor(fd: int, dir_fd: int, name: str, digest: tuple[str, int], label: str) -> bool:
+    """Link the open file ``fd`` as ``name`` in ``dir_fd`` by its
+    ``/proc/self/fd`` name, never over an existing one; False where that
+    route is closed here (no hard links, another filesystem, no usable
+    ``/proc``). Raises :class:`_NameExists` for an existing name."""
+    try:
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+    except FileExistsError:
+        raise _NameExists(digest) from None
+    except OSError as exc:
+        if exc.errno in _REAL_LINK_FAILURES:
+            raise _io_error("linking the new file into place", exc, label) from None
+        return False
+    return True
 
 
 def _link_unnamed(dir_fd: int, name: str, data: bytes, *, label: str) -> tuple[str, int] | None:
@@ -601,13 +611,7 @@ def _link_unnamed(dir_fd: int, name: str, data: bytes, *, label: str) -> tuple[s
     try:
         digest = _fill_durably(fd, data, label, None)
         crashpoint("export:before-link")
-        try:
-            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
-        except FileExistsError:
-            raise _NameExists(digest) from None
-        except OSError as exc:
-            if exc.errno in _REAL_LINK_FAILURES:
-                raise _io_error("linking the new file into place", exc, label) from None
+        if not _link_descriptor(fd, dir_fd, name, digest, label):
             return None  # no hard links, or no usable /proc link here: the named temp does it
     finally:
         os.close(fd)
