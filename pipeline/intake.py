@@ -64,7 +64,7 @@ from .errors import AdmissionError, VianoError, coded_io_error, one_line
 from .faults import crashpoint
 from .jsoncanon import pretty_bytes, read_fd_at_most
 from .lifecycle import CheckpointStore
-from .packages import _pid_alive, file_stamp
+from .packages import _pid_alive
 from .workspace import (
     ADMISSION_MARKER,
     STAGING_OWNER_SUFFIX,
@@ -1049,10 +1049,8 @@ def _stage_files(
     paths: list[str],
     limits: ZipLimits,
     progress: Progress | None,
-    stamps: dict[str, tuple] | None = None,
 ) -> dict[str, dict]:
-    """Copy ``paths`` from ``source`` under ``content_dir``, hashing while copying; make all durable.
-    ``stamps``, when given, gets each file's :func:`~pipeline.packages.file_stamp` as it was closed."""
+    """Copy ``paths`` from ``source`` under ``content_dir``, hashing while copying; make all durable."""
     inventory: dict[str, dict] = {}
     per_file_fsync = len(paths) <= _SYNCFS_MIN_FILES
     # Plain strings in the loop: pathlib costs several microseconds a file,
@@ -1086,14 +1084,11 @@ def _stage_files(
                     progress(rel, size, expected)
             if per_file_fsync:
                 os.fsync(fd)
-            stamp = os.fstat(fd) if stamps is not None else None  # an append links it only if it stays so
         except OSError as exc:
             raise _io_error("writing staged content", exc, rel) from None
         finally:
             os.close(fd)
         inventory[rel] = {"sha256": sha, "size": size}
-        if stamps is not None:
-            stamps[rel] = file_stamp(stamp)
     return inventory
 
 
@@ -1545,12 +1540,11 @@ class AppendSource(tuple):
     digests: dict[str, tuple[str, int]]
 
     def __new__(cls, index_bytes: bytes, files: dict[str, Path], root: Path, staging: _Staging,
-                digests: dict[str, tuple[str, int]], stamps: dict[str, tuple]):
+                digests: dict[str, tuple[str, int]]):
         self = super().__new__(cls, (index_bytes, files))
         self.root = root
         self._staging = staging
         self.digests = digests
-        self._stamps = stamps
         return self
 
     def staged_files(self) -> dict:
@@ -1558,7 +1552,7 @@ class AppendSource(tuple):
         the PackageWriter links into the package instead of copying."""
         from .packages import StagedFile
 
-        return {rel: StagedFile(os.fspath(path), *self.digests[rel], self._stamps[rel]) for rel, path in self.files.items()}
+        return {rel: StagedFile(os.fspath(path), *self.digests[rel]) for rel, path in self.files.items()}
 
     @property
     def index_bytes(self) -> bytes:
@@ -1636,8 +1630,7 @@ def read_append_source(
             files_dir = staging.path / "files"
             staging.makedirs(files_dir)
             paths = sorted(content)
-            stamps: dict[str, tuple] = {}
-            inventory = _stage_files(staging, files_dir, src, paths, limits, progress, stamps)
+            inventory = _stage_files(staging, files_dir, src, paths, limits, progress)
             files = {rel: files_dir / rel for rel in paths}
             digests = {rel: (entry["sha256"], entry["size"]) for rel, entry in inventory.items()}
         except BaseException:
@@ -1647,4 +1640,4 @@ def read_append_source(
         raise coded_io_error(exc, AdmissionError) from None  # as admit: coded, after the clean-up
     finally:
         src.close()
-    return AppendSource(bytes(index_bytes), files, staging.path, staging, digests, stamps)
+    return AppendSource(bytes(index_bytes), files, staging.path, staging, digests)
