@@ -306,7 +306,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     # write now is compared with doit's record, not with the cached file.
     plan_state = _file_state(encode_sorted(_plan_as_written(package, plan, reused)))
     subtasks = tuple(task for task, _ in rows if task.startswith(("read_input:", "hash_context:")))
-    records = cache.doit_records(("assemble", "render", "publish", *subtasks))
+    gates = ("validate_index", "read_input", "hash_context")  # what the later steps wait for
+    records = cache.doit_records(("assemble", "render", "publish", *gates, *subtasks))
     stamp = _current_stamp()
     plan_path, case_path, summary_path = str(cache.plan), str(cache.case_json), str(cache.summary)
     case_bytes = _cached_bytes(cache.case_json, PUBLISHED_CASE_CEILING) if cache.case_json.exists() else None
@@ -385,11 +386,21 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
-    ignored = [task for task in subtasks if records and (records.get(task) or {}).get("ignore:")]
+    ignored = [task for task in (*gates, *subtasks) if records and (records.get(task) or {}).get("ignore:")]
     if ignored:
-        # doit skips the tasks that depend on an ignored one as well.
-        after = f"ignored with {ignored[0]} (`doit ignore`): the build skips it and publishes nothing until `doit forget {ignored[0]}`"
-        rows = [(task, after) if task in ("assemble", "render", "publish") else (task, outlook) for task, outlook in rows]
+        # doit skips the tasks that wait for an ignored one as well: every
+        # step after validate_index, a group's own subtasks, and assemble,
+        # render and publish after any input's task.
+        cause = ignored[0]
+        forget = " ".join(ignored[:3]) + (" ..." if len(ignored) > 3 else "")
+        after = f"ignored with {cause} (`doit ignore`): the build skips it and publishes nothing until `doit forget {forget}`"
+
+        def skipped(task: str) -> bool:
+            if cause == "validate_index":
+                return task != "validate_index"
+            return task in ("assemble", "render", "publish") or task.startswith(f"{cause}:")
+
+        rows = [(task, after) if skipped(task) else (task, outlook) for task, outlook in rows]
     elif refusals:
         # assemble raises the first refusal it meets; nothing after it runs.
         task, problem = refusals[0]

@@ -868,6 +868,19 @@ def test_status_after_a_refusal_foretells_the_build_when_the_refused_file_was_to
     skipped = kit.doit("build", "case=c1", workspace=ws)
     assert skipped.returncode == 0, skipped.stderr
     assert {f"!! {t}" for t in (task, "assemble", "render", "publish")} <= set(skipped.stderr.splitlines()), skipped.stderr
+    assert kit.doit("forget", task, "case=c1", workspace=ws).returncode == 0
+    # The group, and validate_index, which every later step waits for (found by the last re-review).
+    for gate in ("read_input", "validate_index"):
+        assert kit.doit("ignore", gate, "case=c1", workspace=ws).returncode == 0
+        outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+        for step in ("assemble", "render", "publish"):
+            assert f"  {step}: ignored with {gate} (`doit ignore`)" in outlook, outlook
+        skipped = kit.doit("build", "case=c1", workspace=ws)
+        assert skipped.returncode == 0 and {f"!! {t}" for t in (gate, "assemble", "publish")} <= set(skipped.stderr.splitlines())
+        marked = [gate] + re.findall(r"^  (\S+): ignored \(`doit ignore`\)", outlook, re.M)
+        assert kit.doit("forget", *marked, "case=c1", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: would fail: JSON_DUPLICATE_KEY: " in outlook, outlook
 
 
 def test_hashing_a_large_context_file_reports_progress(tmp_path):
