@@ -652,6 +652,12 @@ def _read_the_dep_file_in_one_query() -> None:
                 f"warning: IO_ERROR: the build's dependency file cannot be written ({one_line(cause.strip())}); "
                 "the build goes on without it and the next build repeats its checks\n"
             )
+            opened = getattr(self, "_conn", None)
+            if opened is not None:  # connected before its table failed
+                try:
+                    opened.close()
+                except sqlite3.Error:
+                    pass
             open_file(self, ":memory:", codec, module_name=module_name)
             return
         if not isinstance(getattr(self, "_cache", None), dict) or getattr(self, "_conn", None) is None:

@@ -227,6 +227,7 @@ def test_a_dep_file_whose_folder_went_away_is_a_warning_and_the_build_goes_on(tm
     db = SqliteDB(str(tmp_path / "gone" / "doit.sqlite3"), codec=JSONCodec())
     db.set("assemble", "_config_changed", "abc")
     assert db.get("assemble", "_config_changed") == "abc"
+    db.dump()  # saves to memory and closes its connection
     assert capsys.readouterr().err == (
         "warning: IO_ERROR: the build's dependency file cannot be written (unable to open database file); "
         "the build goes on without it and the next build repeats its checks\n"
