@@ -29,6 +29,9 @@ __all__ = [
     "DEFAULT_MAX_DEPTH",
     "CASE_MAX_DEPTH",
     "decode_strict",
+    "parse_json_text",
+    "strict_problem",
+    "repeated_keys",
     "canonical_bytes",
     "canonical_hash",
     "sha256_hex",
@@ -143,8 +146,12 @@ def float_literal_problem(literal: str, value: float) -> str | None:
     return None
 
 
-def _parse(text: str) -> tuple[Any, bool]:
-    """Parse with hooks that mark, never raise; returns (document, had_problem)."""
+def _parse(text: str, *, constants_are_json: bool = True) -> tuple[Any, bool]:
+    """Parse with hooks that mark, never raise; returns (document, had_problem).
+
+    With ``constants_are_json=False``, ``NaN`` and ``Infinity`` raise
+    ``ValueError`` as the malformed JSON they are (RFC 8259 has no such
+    literals) instead of being marked."""
     flagged = [False]
 
     def pairs_hook(pairs):
@@ -157,6 +164,8 @@ def _parse(text: str) -> tuple[Any, bool]:
         return dict(pairs)
 
     def bad_constant(name):
+        if not constants_are_json:
+            raise ValueError(f"{name} is not JSON")
         flagged[0] = True
         return _Problem("JSON_NUMBER", f"{name} is not a JSON number")
 
@@ -221,6 +230,57 @@ def _find_problem(value: Any, parts: list, check_surrogates: bool):
             if found:
                 return found
     return None
+
+
+def parse_json_text(text: str) -> Any:
+    """The value of any RFC 8259 JSON text, including what :func:`decode_strict`
+    refuses beyond the grammar: a repeated key, a number outside what a double
+    holds exactly, a lone surrogate and deep nesting stay in the value (as
+    markers that :func:`strict_problem` finds; an object with a repeated key
+    keeps its pairs, see :func:`repeated_keys`). For a reader that needs only
+    part of a document, such as one field of a response, when the rest may
+    hold anything valid.
+
+    Raises ``ValueError`` when ``text`` is not JSON (``NaN`` and ``Infinity``
+    included) and ``RecursionError`` when it nests too deeply to parse at all,
+    which says nothing about whether it is JSON.
+    """
+    return _parse(text, constants_are_json=False)[0]
+
+
+def _deeper_than(value: Any, max_depth: int) -> bool:
+    # Iterative, so a deep value costs no recursion of its own.
+    pending = [(value, 0)]
+    while pending:
+        current, depth = pending.pop()
+        if isinstance(current, (dict, list)):
+            if depth >= max_depth:
+                return True
+            items = current.values() if isinstance(current, dict) else current
+            pending.extend((item, depth + 1) for item in items)
+    return False
+
+
+def strict_problem(value: Any, max_depth: int = DEFAULT_MAX_DEPTH) -> str | None:
+    """Why :func:`decode_strict` would refuse a value :func:`parse_json_text`
+    gave (``JSON_TOO_DEEP``, ``JSON_DUPLICATE_KEY``, ``JSON_NUMBER`` or
+    ``JSON_ENCODING``), or None when it is strict JSON, whose canonical form
+    :func:`canonical_bytes` gives."""
+    if _deeper_than(value, max_depth):
+        return "JSON_TOO_DEEP"
+    found = _find_problem(value, [], True)
+    return found[0] if found else None
+
+
+def repeated_keys(value: Any) -> frozenset:
+    """The keys an object from :func:`parse_json_text` holds more than once."""
+    if not isinstance(value, _DuplicateKeyObject):
+        return frozenset()
+    seen: set = set()
+    repeated = set()
+    for key, _ in value.pairs:
+        (repeated if key in seen else seen).add(key)
+    return frozenset(repeated)
 
 
 def decode_strict(

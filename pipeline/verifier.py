@@ -11,16 +11,27 @@ Modes
     ``response_text`` and ``expected_text`` are equal after stripping leading
     and trailing whitespace (``str.strip``: Unicode whitespace).
 ``JSON_FIELD_EQUALS``
-    ``response_text`` must be a strict JSON *object* (duplicate keys, NaN,
-    integers beyond +/-(2^53-1), nesting over 64 levels all make it "not
-    JSON"); ``field_path`` is a literal top-level key, or an RFC 6901 pointer
-    when it starts with ``/`` (array indices are ASCII digits without leading
-    zeros; ``-`` never resolves). When ``expected_text`` is itself strict JSON
-    the field matches if both canonical forms are equal (so ``42``, ``42.0``
-    and `` 42 `` agree, and ``"42"`` does not equal ``42``); otherwise the field
-    must be a JSON string equal to the stripped ``expected_text`` (the field's
-    own value is compared as is, never trimmed). A response that is not a
-    strict JSON object, or lacks the field, is UNSUPPORTED -- never an error.
+    ``response_text`` must be a JSON *object* (RFC 8259: ``NaN`` or a syntax
+    error make it "not JSON"); ``field_path`` is a literal top-level key, or
+    an RFC 6901 pointer when it starts with ``/`` (array indices are ASCII
+    digits without leading zeros; ``-`` never resolves). When
+    ``expected_text`` is JSON, the field matches if both have the same
+    canonical form (so ``42``, ``42.0`` and `` 42 `` agree, and ``"42"`` does
+    not equal ``42``); otherwise the field must be a JSON string equal to the
+    stripped ``expected_text`` (the field's own value is compared as is, never
+    trimmed). A response that is not a JSON object, or lacks the field, is
+    UNSUPPORTED -- never an error.
+
+    Canonical JSON has no form for some valid JSON: integers beyond
+    +/-(2^53-1), numbers a double cannot hold (``1e400``, ``1e-400``), a
+    repeated key, a lone surrogate, nesting over 64 levels. Such a field or
+    ``expected_text`` never matches (it is not compared as text either, so
+    the string ``"18446744073709551615"`` does not pass for that number),
+    and a path through a repeated key does not resolve. The rest of the
+    response may hold anything valid: only the field is compared. Text
+    nested too deeply to parse at all (about 1,000 levels) is taken as
+    neither JSON nor text: such a response or ``expected_text`` never
+    matches.
 
 Quality is ``minimum_quality_millis`` when SUPPORTED and ``0`` otherwise. The
 evidence is ``verification:`` + SHA-256 hex of the canonical JSON of the
@@ -82,7 +93,15 @@ from contracts.verifier_structs import (
 )
 
 from .errors import VerificationError, VianoError, one_line
-from .jsoncanon import canonical_bytes, decode_strict, json_pointer, sha256_hex
+from .jsoncanon import (
+    canonical_bytes,
+    decode_strict,
+    json_pointer,
+    parse_json_text,
+    repeated_keys,
+    sha256_hex,
+    strict_problem,
+)
 
 __all__ = [
     "VERIFIER_IDENTITY",
@@ -103,7 +122,10 @@ __all__ = [
 ]
 
 #: Identity folded into every evidence digest; bump when matching semantics change.
-VERIFIER_IDENTITY = "viano-verifier/1"
+#: 2: a JSON field is read from any valid JSON response, and valid JSON without
+#: a canonical form never matches (1 took such a response as not JSON, and
+#: such an ``expected_text`` as text).
+VERIFIER_IDENTITY = "viano-verifier/2"
 #: The contract's request-body limit, enforced while reading.
 MAX_REQUEST_BYTES = 64 * 1024
 #: waitress's own limit (413 past it). Larger than the contract on purpose so
@@ -217,6 +239,15 @@ def parse_request(body: bytes) -> VerificationRequest:
 # --------------------------------------------------------------------------- evaluation
 
 _MISSING = object()
+#: Valid JSON that has no canonical form, or too deep to parse at all.
+_UNCOMPARABLE = object()
+_NOT_JSON = object()
+
+
+def _member(current: Any, token: str) -> Any:
+    if token in repeated_keys(current):
+        return _UNCOMPARABLE
+    return current.get(token, _MISSING)
 
 
 def _resolve(document: Any, pointer: str) -> Any:
@@ -225,9 +256,9 @@ def _resolve(document: Any, pointer: str) -> Any:
     for raw in pointer[1:].split("/"):
         token = raw.replace("~1", "/").replace("~0", "~")
         if isinstance(current, dict):
-            if token not in current:
-                return _MISSING
-            current = current[token]
+            current = _member(current, token)
+            if current is _MISSING or current is _UNCOMPARABLE:
+                return current
         elif isinstance(current, list):
             if not _ARRAY_INDEX_RE.fullmatch(token) or int(token) >= len(current):
                 return _MISSING
@@ -237,31 +268,39 @@ def _resolve(document: Any, pointer: str) -> Any:
     return current
 
 
-def _strict_json(text: str) -> Any:
-    """The strict-JSON value of ``text``, or ``_MISSING`` when it is not strict JSON."""
+def _parse_json(text: str) -> Any:
     try:
-        return decode_strict(text.encode("utf-8"), max_bytes=MAX_REQUEST_BYTES, error=VerificationError)
-    except VianoError:
-        return _MISSING
+        return parse_json_text(text)
+    except ValueError:
+        return _NOT_JSON
+    except RecursionError:
+        return _UNCOMPARABLE
+
+
+def _canonical(value: Any) -> bytes | None:
+    if value is _UNCOMPARABLE or strict_problem(value) is not None:
+        return None
+    return canonical_bytes(value)
 
 
 def _matches(request: VerificationRequest) -> bool:
     spec = request.verification
     if spec.mode == EXACT_TEXT:
         return request.response_text.strip() == spec.expected_text.strip()
-    document = _strict_json(request.response_text)
+    document = _parse_json(request.response_text)
     if not isinstance(document, dict):
         return False
     if spec.field_path.startswith("/"):
         value = _resolve(document, spec.field_path)
     else:
-        value = document.get(spec.field_path, _MISSING)
+        value = _member(document, spec.field_path)
     if value is _MISSING:
         return False
-    expected = _strict_json(spec.expected_text)
-    if expected is not _MISSING:
-        return canonical_bytes(value) == canonical_bytes(expected)
-    return isinstance(value, str) and value == spec.expected_text.strip()
+    expected = _parse_json(spec.expected_text)
+    if expected is _NOT_JSON:
+        return isinstance(value, str) and value == spec.expected_text.strip()
+    value_form, expected_form = _canonical(value), _canonical(expected)
+    return value_form is not None and value_form == expected_form
 
 
 def verification_evidence(request: VerificationRequest, matched: bool) -> str:

@@ -215,6 +215,53 @@ def test_unsupported(server, doc):
     assert_ok(server, doc, "UNSUPPORTED")
 
 
+_DEEP = "[" * 5000 + "]" * 5000  # too deep for any recursive parser to take
+
+
+@pytest.mark.parametrize(
+    "response_text, field_path, expected_text, result",
+    [
+        # Valid JSON without a canonical form is never compared as text: the
+        # string is not that number (viano-verifier/1 said SUPPORTED here).
+        ('{"n": "18446744073709551615"}', "n", "18446744073709551615", "UNSUPPORTED"),
+        ('{"n": "1e400"}', "n", "1e400", "UNSUPPORTED"),
+        ('{"n": "1e-400"}', "n", "1e-400", "UNSUPPORTED"),
+        ('{"n": "[[1]]"}', "n", "[" * 70 + "]" * 70, "UNSUPPORTED"),
+        # ... and never matches as JSON either, not even itself.
+        ('{"n": 18446744073709551615}', "n", "18446744073709551615", "UNSUPPORTED"),
+        ('{"n": 9007199254740993}', "n", "9007199254740992", "UNSUPPORTED"),
+        ('{"n": ' + "[" * 70 + "]" * 70 + "}", "n", "[" * 70 + "]" * 70, "UNSUPPORTED"),
+        ('{"n": "\\ud800"}', "n", '"\\ud800"', "UNSUPPORTED"),
+        ('{"n": {"k": 1, "k": 1}}', "n", '{"k": 1}', "UNSUPPORTED"),
+        # Only the field is compared: the rest may hold any valid JSON
+        # (viano-verifier/1 took all of these responses as not JSON).
+        ('{"answer": 42, "trace_id": 18446744073709551615}', "answer", "42", "SUPPORTED"),
+        ('{"answer": 42, "x": 1e400, "y": -1e-400}', "/answer", "42", "SUPPORTED"),
+        ('{"answer": 42, "deep": ' + "[" * 200 + "]" * 200 + "}", "answer", "42", "SUPPORTED"),
+        ('{"answer": 42, "s": "\\udc00"}', "answer", "42", "SUPPORTED"),
+        ('{"a": {"k": 1, "k": 2}, "answer": 42}', "/answer", "42", "SUPPORTED"),
+        ('{"x": 0, "x": 1, "answer": 42}', "answer", "42", "SUPPORTED"),
+        # A repeated key on the path has no one value.
+        ('{"answer": 41, "answer": 42}', "answer", "42", "UNSUPPORTED"),
+        ('{"a": {"k": 1, "k": 2}}', "/a/k", "2", "UNSUPPORTED"),
+        # NaN is no JSON: as a field's text it is compared as text; in a response, not JSON.
+        ('{"n": "NaN"}', "n", "NaN", "SUPPORTED"),
+        ('{"answer": 42, "n": NaN}', "answer", "42", "UNSUPPORTED"),
+        # Too deep to parse at all: neither JSON nor text.
+        ('{"answer": 42, "deep": ' + _DEEP + "}", "answer", "42", "UNSUPPORTED"),
+        ('{"n": "' + "[" * 5000 + '"}', "n", "[" * 5000, "UNSUPPORTED"),
+        # Numbers within a double's reach keep their canonical comparison.
+        ('{"n": 9007199254740991}', "n", "9007199254740991.0", "SUPPORTED"),
+        ('{"n": 1e300}', "n", "1E+300", "SUPPORTED"),
+    ],
+)
+def test_field_without_a_canonical_form(response_text, field_path, expected_text, result):
+    doc = make(response_text=response_text, verification={"field_path": field_path, "expected_text": expected_text})
+    answer = json.loads(verifier.verify_request(encode(doc)))
+    assert answer["result"] == result
+    assert answer["quality_score_millis"] == (850 if result == "SUPPORTED" else 0)
+
+
 def _with(doc: dict, **top) -> dict:
     doc = json.loads(json.dumps(doc))
     doc.update(top)
@@ -496,7 +543,7 @@ def test_evidence_is_the_documented_digest():
     request_doc = make()
     answer = json.loads(verifier.verify_request(encode(request_doc)))
     covered = {
-        "verifier": "viano-verifier/1",
+        "verifier": "viano-verifier/2",
         "case_id": request_doc["case_id"],
         "evidence_artifact_ref": request_doc["evidence_artifact_ref"],
         "mode": "JSON_FIELD_EQUALS",
