@@ -697,7 +697,8 @@ def _refuse_to_overwrite(target: Path, data: bytes) -> bool:
 def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
     """Whether ``destination`` lies in the workspace: by path once links are
     resolved, and by identity (device and inode) of every existing ancestor,
-    which a bind mount or another alias of the workspace keeps."""
+    which a bind mount or another alias of the workspace, or of any folder
+    in it, keeps."""
     resolved, root = os.path.realpath(destination), os.path.realpath(workspace_root)
     if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
         return True
@@ -705,6 +706,7 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
         root_st = os.stat(workspace_root)
     except OSError:
         return False  # no workspace there: the command refuses the case anyway
+    ancestors = set()
     probe = Path(os.path.abspath(destination))
     while True:
         try:
@@ -712,11 +714,37 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
         except OSError:
             pass  # not made yet: its parents decide
         else:
-            if (st.st_dev, st.st_ino) == (root_st.st_dev, root_st.st_ino):
-                return True
+            ancestors.add((st.st_dev, st.st_ino))
         if probe.parent == probe:
-            return False
+            break
         probe = probe.parent
+    if (root_st.st_dev, root_st.st_ino) in ancestors:
+        return True
+    # A folder of the workspace mounted elsewhere keeps its device: only then
+    # is the workspace walked for it (its folders, not its files).
+    if not any(device == root_st.st_dev for device, _ in ancestors):
+        return False
+    return _holds_folder_of(workspace_root, ancestors)
+
+
+def _holds_folder_of(workspace_root: Path, identities: set) -> bool:
+    pending = [str(workspace_root)]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    try:
+                        if not entry.is_dir(follow_symlinks=False):
+                            continue
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # gone meanwhile: nothing to export into
+                    if (st.st_dev, st.st_ino) in identities:
+                        return True
+                    pending.append(entry.path)
+        except OSError:
+            continue  # unreadable: what it holds cannot be written through it either
+    return False
 
 
 def _holds(target: Path, data: bytes) -> bool:

@@ -1521,6 +1521,28 @@ def test_export_refuses_the_workspace_under_another_name(tmp_path):
     assert kit.tree_digest(ws) == before
 
 
+@pytest.mark.parametrize("mounted", ["cases", "cases/c1/packages/pkg-1/content"])
+def test_export_refuses_a_folder_of_the_workspace_under_another_name(tmp_path, mounted):
+    # A bind mount of a folder inside the workspace shares no identity with
+    # the workspace's root: before session 19 the export went ahead, and the
+    # next build removed what it wrote into the package as unlisted content.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    dest = alias / "deeper" / "exported"
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(f"mount --bind {shlex.quote(str(ws / mounted))} {shlex.quote(str(alias))} && "
+                                 + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert kit.tree_digest(ws) == before
+    # The same destination with nothing mounted there is exported to.
+    exported = kit.doit("export", "case=c1", f"dest={dest}", workspace=ws)
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
+
+
 def test_status_and_probes_only_read_the_store_and_work_on_a_read_only_workspace(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
