@@ -246,7 +246,10 @@ class _DirSource(_Source):
                 raise _source_error(
                     "SOURCE_UNSAFE_NAME", "file name is not valid UTF-8", "/".join(child).encode("utf-8", "backslashreplace").decode()
                 ) from None
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:  # removed since it was listed
+                raise _vanished(exc, rel) from None
             mode = st.st_mode
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 kind = "a symlink" if stat.S_ISLNK(mode) else "a FIFO, socket or device"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -69,6 +70,30 @@ def assert_refused(ws: Path, case_id: str, source, code: str, **kw) -> VianoErro
     assert exc.value.code == code, str(exc.value)
     assert tree_state(ws) == before
     return exc.value
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_name_removed_between_listing_and_stat_is_a_vanished_source_file(tmp_path, monkeypatch, kind):
+    # The window a churning source hits now and then (found by a hostile
+    # review: 2 of 20 admissions said "IO_ERROR: No such file or directory
+    # (t17)", naming neither the package path nor what happened).
+    source = tmp_path / "source"
+    shutil.copytree(SAMPLE, source)
+    doomed = source / "original" / "notes" / "gone"
+    doomed.mkdir() if kind == "folder" else doomed.write_text("x")
+    listing = os.scandir
+
+    def scandir_then_remove(target):
+        with listing(target) as it:
+            entries = list(it)
+        if os.path.lexists(doomed) and any(entry.name == doomed.name for entry in entries):
+            (doomed.rmdir if kind == "folder" else doomed.unlink)()
+        return contextlib.nullcontext(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir_then_remove)
+    ws = tmp_path / "ws"
+    error = assert_refused(ws, "c1", source, "SOURCE_NOT_FOUND")
+    assert error.path == "original/notes/gone", str(error)
 
 
 @pytest.fixture
