@@ -1190,6 +1190,14 @@ def _read_source_manifest(source: _Source, limits: ZipLimits) -> dict:
     return doc
 
 
+def _not_held(rel: str) -> str:
+    # Refusals about a manifest entry are located in manifest.json (its
+    # pointer); the file the entry names goes into the message.
+    if rel == SOURCE_MANIFEST:
+        return "manifest.json, which is the package's manifest, not one of its files"
+    return f"{one_line(rel, 200)}, which the package does not hold"
+
+
 def _pins(doc: dict, content: dict[str, int]) -> dict[str, dict]:
     """Check every file the manifest names exists; return {path: {pointer, sha256?, size?}} pins
     (``pointer``: the entry's place in the source manifest, for the refusal)."""
@@ -1200,8 +1208,8 @@ def _pins(doc: dict, content: dict[str, int]) -> dict[str, dict]:
         if case_inputs not in content:
             raise AdmissionError(
                 "MANIFEST_FILE_MISSING",
-                "artifacts.case_inputs names a file the package does not hold",
-                path=case_inputs,
+                f"artifacts.case_inputs names {_not_held(case_inputs)}",
+                path=SOURCE_MANIFEST,
                 pointer="/artifacts/case_inputs",
             )
     for i, item in enumerate(doc.get("files", [])):
@@ -1211,13 +1219,14 @@ def _pins(doc: dict, content: dict[str, int]) -> dict[str, dict]:
         if rel in pins:
             raise AdmissionError("MANIFEST_INVALID", "files lists a path twice", path=SOURCE_MANIFEST, pointer=pointer)
         if rel not in content:
-            raise AdmissionError(
-                "MANIFEST_FILE_MISSING", "the manifest names a file the package does not hold", path=rel, pointer=pointer
-            )
+            raise AdmissionError("MANIFEST_FILE_MISSING", f"files names {_not_held(rel)}", path=SOURCE_MANIFEST, pointer=pointer)
         pin = {"pointer": pointer} if isinstance(item, str) else {"pointer": pointer, **{k: item[k] for k in ("sha256", "size") if k in item}}
         if "size" in pin and pin["size"] != content[rel]:
             raise AdmissionError(
-                "INTEGRITY_ERROR", f"file is {content[rel]} bytes, the manifest says {pin['size']}", path=rel, pointer=pointer
+                "INTEGRITY_ERROR",
+                f"{one_line(rel, 200)} is {content[rel]} bytes, the manifest says {pin['size']}",
+                path=SOURCE_MANIFEST,
+                pointer=pointer + "/size",
             )
         pins[rel] = pin
     return pins
@@ -1439,8 +1448,8 @@ def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progres
             inventory = _stage_files(staging, content_dir, src, paths, limits, progress)
             for rel, pin in pins.items():
                 if "sha256" in pin and pin["sha256"] != inventory[rel]["sha256"]:
-                    raise AdmissionError("INTEGRITY_ERROR", "file's sha256 differs from the manifest", path=rel,
-                                         pointer=pin["pointer"])
+                    raise AdmissionError("INTEGRITY_ERROR", f"{one_line(rel, 200)}'s sha256 differs from the manifest",
+                                         path=SOURCE_MANIFEST, pointer=pin["pointer"] + "/sha256")
             manifest = _stored_manifest(case_id, doc, inventory)
             staging.makedirs(package_tree / "manifests")
             many_files = len(paths) > _SYNCFS_MIN_FILES

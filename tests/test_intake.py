@@ -181,6 +181,34 @@ def _dir_package(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.parametrize(
+    "entries, artifacts, code, pointer, named",
+    [
+        (["original/absent.txt"], {}, "MANIFEST_FILE_MISSING", "/files/0", "original/absent.txt, which the package does not hold"),
+        (["%2e%2e/x"], {}, "MANIFEST_FILE_MISSING", "/files/0", "%2e%2e/x, which the package does not hold"),
+        (["manifest.json"], {}, "MANIFEST_FILE_MISSING", "/files/0", "manifest.json, which is the package's manifest"),
+        ([], {"case_inputs": "manifest.json"}, "MANIFEST_FILE_MISSING", "/artifacts/case_inputs", "manifest.json, which is the package's manifest"),
+        ([], {"case_inputs": "original/index.json"}, "MANIFEST_FILE_MISSING", "/artifacts/case_inputs", "original/index.json, which"),
+        (["original/a.txt", {"path": "original/a.txt"}], {}, "MANIFEST_INVALID", "/files/1", "files lists a path twice"),
+        ([{"path": "original/a.txt", "size": 1}], {}, "INTEGRITY_ERROR", "/files/0/size", "original/a.txt is 2 bytes, the manifest says 1"),
+        ([{"path": "original/a.txt", "sha256": "0" * 64}], {}, "INTEGRITY_ERROR", "/files/0/sha256", "original/a.txt's sha256 differs"),
+    ],
+)
+def test_a_refused_manifest_entry_is_located_in_the_manifest(tmp_path, entries, artifacts, code, pointer, named):
+    # The location is where the fault is: the entry in manifest.json. Until
+    # session 19 it paired the file the entry names with the entry's pointer,
+    # a pointer into a document it does not belong to.
+    src = _dir_package(tmp_path)
+    manifest = json.loads((src / "manifest.json").read_text())
+    manifest["files"] = entries
+    if artifacts:
+        manifest["artifacts"] = artifacts
+    (src / "manifest.json").write_text(json.dumps(manifest))
+    error = assert_refused(tmp_path / "ws", "c1", src, code)
+    assert (error.path, error.pointer) == ("manifest.json", pointer), str(error)
+    assert named in error.message
+
+
 def _symlink_file(src):
     os.symlink("/etc/passwd", src / "original" / "link")
 
@@ -1056,11 +1084,14 @@ def test_an_archive_refused_as_a_whole_names_the_archive(tmp_path, damage):
 @pytest.mark.parametrize(("pin", "said"), [({"sha256": "0" * 64}, "sha256 differs"), ({"size": 3}, "the manifest says 3")])
 def test_a_pinned_digest_or_size_the_bytes_do_not_meet_points_at_its_entry(tmp_path, pin, said):
     """Both pins' refusals point at the manifest entry (the sha256 one named
-    the file only; found by a hostile-input audit)."""
+    the file only; found by a hostile-input audit), located in manifest.json
+    since session 19, with the file named in the message."""
     src = _dir_package(tmp_path / "src")
     (src / "original" / "b.txt").write_text("bee")
     manifest = json.loads((src / "manifest.json").read_text())
     manifest["files"] = ["original/b.txt", {"path": "original/a.txt", **pin}]
     (src / "manifest.json").write_text(json.dumps(manifest))
     err = assert_refused(tmp_path / "ws", "c1", src, "INTEGRITY_ERROR")
-    assert said in str(err) and (err.path, err.pointer) == ("original/a.txt", "/files/1"), str(err)
+    pointer = "/files/1/" + next(iter(pin))
+    assert said in str(err) and "original/a.txt" in err.message, str(err)
+    assert (err.path, err.pointer) == ("manifest.json", pointer), str(err)
