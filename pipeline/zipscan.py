@@ -99,7 +99,10 @@ class ZipLimits:
 
     ratio_min_bytes: int = 1 * MiB
     """Small entries are exempt from the ratio: a 1 KB file of zeros is
-    harmless whatever its ratio."""
+    harmless whatever its ratio. Not so many of them: the entries together
+    are held to :attr:`max_ratio` too, once they declare more than this in
+    all (4,096 entries of exactly 1 MiB of zeros, a ~4.7 MB archive, would
+    otherwise take 4 GiB of disk)."""
 
     manifest_bytes: int = 1 * MiB
     """``manifest.json`` (and an append source's ``case-inputs.json``), like
@@ -641,6 +644,13 @@ class ZipArchive:
                 raise AdmissionError(
                     "ZIP_RATIO", f"compression ratio {ratio:.0f}:1 exceeds {limits.max_ratio}:1", path=entry.name
                 )
+        compressed = sum(entry.compressed_size for entry in self.entries)
+        if total > limits.ratio_min_bytes and total > limits.max_ratio * compressed:
+            raise AdmissionError(
+                "ZIP_RATIO",
+                f"the entries together expand {total / max(compressed, 1):.0f}:1, more than {limits.max_ratio}:1",
+                path=self.label,
+            )
 
     # -- streaming -------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import struct
 import zipfile
 import zlib
@@ -206,6 +207,25 @@ def test_ratio_applies_only_above_the_threshold(tmp_path):
     assert _code(exc) == "ZIP_RATIO"
     archive = _archive(tmp_path, big, ZipLimits(max_ratio=2000))
     os.close(archive.fd)
+
+
+def test_small_entries_are_held_to_the_ratio_together(tmp_path):
+    # Each entry is exempt (exactly ratio_min_bytes), but together they are a
+    # bomb: a hostile review admitted 1,000 of them, 1 GB from a 1.1 MB ZIP.
+    zeros = {f"original/z{i}": b"\x00" * MiB for i in range(3)}
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, _zip(zeros, compression=zipfile.ZIP_DEFLATED))
+    assert _code(exc) == "ZIP_RATIO"
+    assert "together" in str(exc.value)
+    # Within the ratio together, or within ratio_min_bytes in all, it passes.
+    os.close(_archive(tmp_path, _zip(zeros, compression=zipfile.ZIP_DEFLATED), ZipLimits(max_ratio=2000)).fd)
+    small = {f"original/z{i}": b"\x00" * (MiB // 4) for i in range(3)}
+    os.close(_archive(tmp_path, _zip(small, compression=zipfile.ZIP_DEFLATED)).fd)
+    rng = random.Random(0)  # log-like lines: timestamps and counters compress ~5-20:1, not 1000:1
+    text = {f"original/log{i}": "".join(f"2026-12-01T12:{rng.randrange(60):02d}:{rng.randrange(60):02d} worker {rng.randrange(9)} "
+                                        f"request {rng.randrange(10**6)} took {rng.randrange(900)} ms\n"
+                                        for _ in range(20_000)).encode()[:MiB] for i in range(3)}
+    os.close(_archive(tmp_path, _zip(text, compression=zipfile.ZIP_DEFLATED)).fd)
 
 
 def test_size_limits(tmp_path):
