@@ -302,7 +302,8 @@ class ResearchStatement(Base):
     """An intended-behaviour statement and the indices of its sources."""
 
     text: Nonblank
-    citations: tuple[Size, ...]
+    # At least one: an external statement is established by a source (seed 000).
+    citations: Annotated[tuple[Size, ...], Meta(min_length=1)]
 
 
 class ResearchSource(Base):
