@@ -22,7 +22,10 @@ from pipeline.jsoncanon import (
     canonical_hash,
     decode_strict,
     json_pointer,
+    parse_json_text,
     pretty_bytes,
+    repeated_keys,
+    strict_problem,
     read_bounded,
     resolve_pointer,
 )
@@ -292,3 +295,52 @@ def test_sha256_hex_is_the_digest_whatever_it_remembers(blobs, order):
     for index in order + list(range(len(objects))):
         data = objects[index % len(objects)]
         assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
+# parse_json_text / strict_problem: any valid JSON, and what strict decoding would say of it
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"a": [1, 2.5, "x", null, true]}', None),
+        ("18446744073709551615", "JSON_NUMBER"),
+        ("1e400", "JSON_NUMBER"),
+        ("-1e-400", "JSON_NUMBER"),
+        ('{"a": 1, "a": 1}', "JSON_DUPLICATE_KEY"),
+        ('"\\udc00"', "JSON_ENCODING"),
+        ("[" * 65 + "]" * 65, "JSON_TOO_DEEP"),
+        ("[" * 64 + "]" * 64, None),
+    ],
+)
+def test_parse_json_text_takes_valid_json_that_strict_decoding_refuses(text, problem):
+    value = parse_json_text(text)
+    assert strict_problem(value) == problem
+    try:
+        decode_strict(text.encode(), max_bytes=MiB)
+    except CaseBuildError as exc:
+        assert exc.code == problem
+    else:
+        assert problem is None
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER) | st.text(),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3), max_leaves=12))
+def test_parse_json_text_agrees_with_strict_decoding_on_strict_json(value):
+    text = json.dumps(value, ensure_ascii=False)
+    parsed = parse_json_text(text)
+    assert strict_problem(parsed) is None
+    assert canonical_bytes(parsed) == canonical_bytes(decode_strict(text.encode(), max_bytes=MiB))
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", '{"a": -Infinity}', "{", "[1,]", '"a" "b"', "", "\ufeff1"])
+def test_parse_json_text_refuses_what_is_not_json(text):
+    with pytest.raises(ValueError):
+        parse_json_text(text)
+
+
+def test_repeated_keys_names_every_key_given_twice():
+    value = parse_json_text('{"a": 1, "b": 2, "a": 3, "c": 4, "b": 5, "a": 6}')
+    assert repeated_keys(value) == {"a", "b"}
+    assert repeated_keys(parse_json_text('{"a": 1}')) == set()
+    assert repeated_keys([1]) == set()
