@@ -147,7 +147,7 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
     case_id, ws = _context(case, workspace)
     source_path = user_path(_required(source, "source"))
     if not source_path.exists() and not source_path.is_symlink():
-        raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
+        raise AdmissionError("SOURCE_NOT_FOUND", "the source does not exist", path=source)
     manifest = admit(ws, case_id, source_path, limits=read_workspace_limits(ws.root).admission())
     total = sum(entry["size"] for entry in manifest["files"].values())
     _out(
@@ -170,7 +170,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
     case_id, ws = _context(case, workspace)
     source_path = user_path(_required(source, "source"))
     if not source_path.exists() and not source_path.is_symlink():
-        raise AdmissionError("SOURCE_NOT_FOUND", f"{source} does not exist")
+        raise AdmissionError("SOURCE_NOT_FOUND", "the source does not exist", path=source)
     configured = read_workspace_limits(ws.root)
     limits = configured.case_builder
     store = _existing_store(ws, case_id)
@@ -549,7 +549,7 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     # a package's content would be taken for a crashed writer's and removed,
     # and one anywhere else would be left for nothing to account for.
     if _inside_workspace(destination, ws.root):
-        raise VianoError("INVALID_ARGUMENT", f"dest {dest} is inside the workspace")
+        raise VianoError("INVALID_ARGUMENT", "dest is inside the workspace", path=dest)
 
     from .lifecycle import on_read_only_filesystem
 
@@ -580,9 +580,9 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         "manifest.json": pretty_bytes(manifest),
     }
     if destination.exists() and not destination.is_dir():
-        raise VianoError("INVALID_ARGUMENT", f"dest {dest} exists and is not a directory")
+        raise VianoError("INVALID_ARGUMENT", "dest exists and is not a directory", path=dest)
     if destination.is_symlink() and not destination.exists():
-        raise VianoError("INVALID_ARGUMENT", f"dest {dest} is a symbolic link to nothing")
+        raise VianoError("INVALID_ARGUMENT", "dest is a symbolic link to nothing", path=dest)
     try:
         destination.mkdir(parents=True, exist_ok=True)
         with _export_lock(destination, dest):
@@ -686,11 +686,11 @@ def _refuse_to_overwrite(target: Path, data: bytes) -> bool:
     """Whether ``target`` already holds ``data``; ``CONTENT_CONFLICT`` if it
     holds anything else, or is not a regular file."""
     if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise CaseBuildError("CONTENT_CONFLICT", f"{target} is not a regular file; not overwritten")
+        raise CaseBuildError("CONTENT_CONFLICT", "not a regular file; not overwritten", path=str(target))
     if not target.exists():
         return False
     if not _holds(target, data):
-        raise CaseBuildError("CONTENT_CONFLICT", f"{target} exists with different content; not overwritten")
+        raise CaseBuildError("CONTENT_CONFLICT", "exists with different content; not overwritten", path=str(target))
     return True
 
 

@@ -429,10 +429,10 @@ def check_file(path: str) -> tuple[str, str, int]:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             with open(fd, "rb") as handle:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return "", f"INVALID_ARGUMENT: {one_line(path)} is not a regular file\n", 2
+                    return "", f"INVALID_ARGUMENT: the request is not a regular file ({one_line(path)})\n", 2
                 data = handle.read(MAX_REQUEST_BYTES + 1)
     except OSError as exc:
-        return "", f"INVALID_ARGUMENT: cannot read {one_line(path)}: {exc.strerror}\n", 2
+        return "", f"INVALID_ARGUMENT: cannot read the request: {exc.strerror} ({one_line(path)})\n", 2
     try:
         response = evaluate(parse_request(data))
     except VerificationError as exc:

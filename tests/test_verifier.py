@@ -956,6 +956,7 @@ def test_check_refuses_what_is_not_a_regular_file_without_waiting(tmp_path, kind
     assert result.returncode == 2 and result.stdout == b""
     lines = result.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("INVALID_ARGUMENT: "), lines
+    assert lines[0].endswith(f" ({target})"), lines  # the file in the location, as every refusal has it
 
 
 def test_head_responses_carry_no_body_so_the_next_response_stays_in_step(live):

@@ -275,6 +275,22 @@ def test_export_copies_outputs_and_refuses_to_overwrite(tmp_path, admitted):
     assert (dest / "case.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("args, code, location", [
+    (("admit", "case=c2", "source=/does/not/exist"), "SOURCE_NOT_FOUND", "/does/not/exist"),
+    (("append", "case=c1", "source=/does/not/exist"), "SOURCE_NOT_FOUND", "/does/not/exist"),
+    (("export", "case=c1", f"dest={kit.REPO / 'README.md'}"), "INVALID_ARGUMENT", str(kit.REPO / "README.md")),
+])
+def test_a_refused_path_is_the_location_of_its_error(admitted, args, code, location):
+    # The README's form: "CODE: message (location)", the path in the location
+    # rather than inside the message (found by a docs audit in session 19).
+    if args[0] == "export":
+        assert kit.doit("build", "case=c1", workspace=admitted).returncode == 0
+    result = kit.doit(*args, workspace=admitted)
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(code + ": ") and line.endswith(f" ({location})"), line
+    assert location not in line[: -len(location) - 3], line
+
+
 @pytest.mark.parametrize("args, code", [
     (("build", "case=../x"), "UNSAFE_ID"),
     (("build", "case=nope"), "UNKNOWN_CASE"),
