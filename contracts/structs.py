@@ -302,8 +302,7 @@ class ResearchStatement(Base):
     """An intended-behaviour statement and the indices of its sources."""
 
     text: Nonblank
-    # At least one: an external statement is established by a source (seed 000).
-    citations: Annotated[tuple[Size, ...], Meta(min_length=1)]
+    citations: tuple[Size, ...]
 
 
 class ResearchSource(Base):
