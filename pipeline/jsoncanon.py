@@ -30,6 +30,8 @@ __all__ = [
     "CASE_MAX_DEPTH",
     "decode_strict",
     "parse_json_text",
+    "PARSE_MAX_DEPTH",
+    "TooDeepToParse",
     "strict_problem",
     "repeated_keys",
     "canonical_bytes",
@@ -232,6 +234,17 @@ def _find_problem(value: Any, parts: list, check_surrogates: bool):
     return None
 
 
+#: Deepest nesting :func:`parse_json_text` parses: far below the interpreter's
+#: recursion limit, so whether a text parses never depends on how deep the
+#: caller's own stack is.
+PARSE_MAX_DEPTH = 512
+
+
+class TooDeepToParse(Exception):
+    """JSON text nested deeper than :data:`PARSE_MAX_DEPTH`: neither known to be
+    JSON nor known not to be."""
+
+
 def parse_json_text(text: str) -> Any:
     """The value of any RFC 8259 JSON text, including what :func:`decode_strict`
     refuses beyond the grammar: a repeated key, a number outside what a double
@@ -242,9 +255,12 @@ def parse_json_text(text: str) -> Any:
     hold anything valid.
 
     Raises ``ValueError`` when ``text`` is not JSON (``NaN`` and ``Infinity``
-    included) and ``RecursionError`` when it nests too deeply to parse at all,
-    which says nothing about whether it is JSON.
+    included) and :class:`TooDeepToParse` when brackets outside strings nest
+    deeper than :data:`PARSE_MAX_DEPTH`, which says nothing about whether it
+    is JSON.
     """
+    if _max_depth_exceeded(text, PARSE_MAX_DEPTH):
+        raise TooDeepToParse(f"nesting deeper than {PARSE_MAX_DEPTH}")
     return _parse(text, constants_are_json=False)[0]
 
 

@@ -29,9 +29,11 @@ Modes
     the string ``"18446744073709551615"`` does not pass for that number),
     and a path through a repeated key does not resolve. The rest of the
     response may hold anything valid: only the field is compared. Text
-    nested too deeply to parse at all (about 1,000 levels) is taken as
-    neither JSON nor text: such a response or ``expected_text`` never
-    matches.
+    whose brackets nest deeper than 512 levels (``PARSE_MAX_DEPTH``) is
+    taken as neither JSON nor text: such a response or ``expected_text``
+    never matches, wherever the verifier runs (a bound left to the
+    interpreter's recursion limit made the verdict depend on the caller's
+    stack depth).
 
 Quality is ``minimum_quality_millis`` when SUPPORTED and ``0`` otherwise. The
 evidence is ``verification:`` + SHA-256 hex of the canonical JSON of the
@@ -97,6 +99,7 @@ from .jsoncanon import (
     canonical_bytes,
     decode_strict,
     json_pointer,
+    TooDeepToParse,
     parse_json_text,
     repeated_keys,
     sha256_hex,
@@ -273,7 +276,7 @@ def _parse_json(text: str) -> Any:
         return parse_json_text(text)
     except ValueError:
         return _NOT_JSON
-    except RecursionError:
+    except (TooDeepToParse, RecursionError):
         return _UNCOMPARABLE
 
 

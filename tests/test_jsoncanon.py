@@ -22,6 +22,8 @@ from pipeline.jsoncanon import (
     canonical_hash,
     decode_strict,
     json_pointer,
+    PARSE_MAX_DEPTH,
+    TooDeepToParse,
     parse_json_text,
     pretty_bytes,
     repeated_keys,
@@ -344,3 +346,12 @@ def test_repeated_keys_names_every_key_given_twice():
     assert repeated_keys(value) == {"a", "b"}
     assert repeated_keys(parse_json_text('{"a": 1}')) == set()
     assert repeated_keys([1]) == set()
+
+
+def test_parse_json_text_stops_at_a_fixed_depth_before_parsing():
+    assert PARSE_MAX_DEPTH == 512
+    assert strict_problem(parse_json_text("[" * 512 + "]" * 512)) == "JSON_TOO_DEEP"
+    for text in ("[" * 513 + "]" * 513, "[" * 100_000, '{"a": ' + "[" * 600):  # valid or not: undecided
+        with pytest.raises(TooDeepToParse):
+            parse_json_text(text)
+    assert parse_json_text('["' + "[" * 5000 + '"]') == ["[" * 5000]  # brackets in strings do not count

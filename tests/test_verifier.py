@@ -262,6 +262,21 @@ def test_field_without_a_canonical_form(response_text, field_path, expected_text
     assert answer["quality_score_millis"] == (850 if result == "SUPPORTED" else 0)
 
 
+def _under_frames(count: int, call):
+    return call() if count == 0 else _under_frames(count - 1, call)
+
+
+@pytest.mark.parametrize("depth, result", [(500, "SUPPORTED"), (511, "SUPPORTED"), (512, "UNSUPPORTED"), (982, "UNSUPPORTED")])
+def test_a_deep_response_gets_one_verdict_however_deep_the_caller_is(depth, result):
+    # Bounded by the interpreter's recursion limit, a response 982 levels deep
+    # was SUPPORTED by `check` and UNSUPPORTED by the server (found by the
+    # session's re-review). The bound is fixed now: 512 levels, the object included.
+    doc = make(response_text='{"answer": 42, "b": ' + "[" * depth + "]" * depth + "}")
+    body = encode(doc)
+    for frames in (0, 100, 400):
+        assert json.loads(_under_frames(frames, lambda: verifier.verify_request(body)))["result"] == result, frames
+
+
 def _with(doc: dict, **top) -> dict:
     doc = json.loads(json.dumps(doc))
     doc.update(top)
