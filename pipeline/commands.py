@@ -588,7 +588,7 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         with _export_lock(destination, dest):
             _write_export(destination, outputs)
     except OSError as error:
-        raise VianoError("IO_ERROR", f"cannot export to {dest}: {error.strerror or error}") from None
+        raise VianoError("IO_ERROR", f"cannot export: {error.strerror or error}", path=dest) from None
     _out(
         f"exported case {case_id} revision {manifest['analysis_revision']} "
         f"(published at generation {manifest['package_generation']}) to {one_line(os.fspath(destination), 600)}"
@@ -696,9 +696,14 @@ def _refuse_to_overwrite(target: Path, data: bytes) -> bool:
 
 def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
     """Whether ``destination`` lies in the workspace: by path once links are
-    resolved, and by identity (device and inode) of every existing ancestor,
-    which a bind mount or another alias of the workspace, or of any folder
-    in it, keeps."""
+    resolved; then, since a bind mount shows a folder at a second path, by
+    the mount table (the same filesystem and a place within the workspace
+    there, or within a filesystem mounted inside it); and by identity
+    (device and inode) of every existing ancestor. Where the mount table
+    cannot be read, the workspace's folders are walked for those identities
+    instead."""
+    from .mounts import lies_within, read_mounts
+
     resolved, root = os.path.realpath(destination), os.path.realpath(workspace_root)
     if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
         return True
@@ -706,6 +711,9 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
         root_st = os.stat(workspace_root)
     except OSError:
         return False  # no workspace there: the command refuses the case anyway
+    mounts = read_mounts()
+    if mounts is not None and lies_within(resolved, root, mounts):
+        return True
     ancestors = set()
     probe = Path(os.path.abspath(destination))
     while True:
@@ -720,9 +728,7 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
         probe = probe.parent
     if (root_st.st_dev, root_st.st_ino) in ancestors:
         return True
-    # A folder of the workspace mounted elsewhere keeps its device: only then
-    # is the workspace walked for it (its folders, not its files).
-    if not any(device == root_st.st_dev for device, _ in ancestors):
+    if mounts is not None:
         return False
     return _holds_folder_of(workspace_root, ancestors)
 

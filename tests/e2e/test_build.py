@@ -279,6 +279,7 @@ def test_export_copies_outputs_and_refuses_to_overwrite(tmp_path, admitted):
     (("admit", "case=c2", "source=/does/not/exist"), "SOURCE_NOT_FOUND", "/does/not/exist"),
     (("append", "case=c1", "source=/does/not/exist"), "SOURCE_NOT_FOUND", "/does/not/exist"),
     (("export", "case=c1", f"dest={kit.REPO / 'README.md'}"), "INVALID_ARGUMENT", str(kit.REPO / "README.md")),
+    (("export", "case=c1", f"dest={kit.REPO / 'README.md' / 'sub'}"), "IO_ERROR", str(kit.REPO / "README.md" / "sub")),
 ])
 def test_a_refused_path_is_the_location_of_its_error(admitted, args, code, location):
     # The README's form: "CODE: message (location)", the path in the location

@@ -1543,6 +1543,32 @@ def test_export_refuses_a_folder_of_the_workspace_under_another_name(tmp_path, m
     assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
 
 
+def test_export_refuses_a_folder_of_a_filesystem_mounted_inside_the_workspace(tmp_path):
+    # The workspace on a filesystem of its own, a tmpfs mounted inside it and
+    # one of that tmpfs's folders bound elsewhere: no ancestor of the
+    # destination shares the workspace's device, which is where the first fix
+    # stopped looking (found by the re-review).
+    source = standard_package(tmp_path / "src")
+    volume, alias = tmp_path / "volume", tmp_path / "alias"
+    volume.mkdir()
+    alias.mkdir()
+    ws = volume / "ws"
+    inner_mount = ws / "cases" / "c1" / "extra"
+    q = shlex.quote
+    result = _in_mount_namespace(
+        f"mount -t tmpfs tmpfs {q(str(volume))} && "
+        + _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " && "
+        + _doit_line("build", "case=c1", workspace=ws) + " && "
+        f"mkdir {q(str(inner_mount))} && mount -t tmpfs tmpfs {q(str(inner_mount))} && "
+        f"mkdir {q(str(inner_mount / 'inner'))} && mount --bind {q(str(inner_mount / 'inner'))} {q(str(alias))} && "
+        + _doit_line("export", "case=c1", f"dest={alias / 'out'}", workspace=ws)
+        + f"; status=$?; ls -A {q(str(inner_mount / 'inner'))}; exit $status"
+    )
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert "out" not in result.stdout.split()  # ls: nothing was written into the mounted folder
+
+
 def test_status_and_probes_only_read_the_store_and_work_on_a_read_only_workspace(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
