@@ -69,6 +69,12 @@ MAX_NAME_BYTES = 4096
 CHUNK = 1 * MiB
 
 
+#: Below this many bytes declared in all, a ZIP's entries are not held to the
+#: ratio together: a sparse image under 1 MiB beside a note expands ~800:1 and
+#: is harmless; what the aggregate check stops is disk taken by the GiB.
+AGGREGATE_RATIO_MIN_BYTES = 64 * MiB
+
+
 @dataclass(frozen=True, kw_only=True)
 class ZipLimits:
     """Admission policy for package and append sources (ARCHITECTURE.md section 10).
@@ -100,9 +106,10 @@ class ZipLimits:
     ratio_min_bytes: int = 1 * MiB
     """Small entries are exempt from the ratio: a 1 KB file of zeros is
     harmless whatever its ratio. Not so many of them: the entries together
-    are held to :attr:`max_ratio` too, once they declare more than this in
-    all (4,096 entries of exactly 1 MiB of zeros, a ~4.7 MB archive, would
-    otherwise take 4 GiB of disk)."""
+    are held to :attr:`max_ratio` too, once they declare more than
+    :data:`AGGREGATE_RATIO_MIN_BYTES` (or this, if larger) in all (4,096
+    entries of exactly 1 MiB of zeros, a ~4.7 MB archive, would otherwise
+    take 4 GiB of disk)."""
 
     manifest_bytes: int = 1 * MiB
     """``manifest.json`` (and an append source's ``case-inputs.json``), like
@@ -645,7 +652,7 @@ class ZipArchive:
                     "ZIP_RATIO", f"compression ratio {ratio:.0f}:1 exceeds {limits.max_ratio}:1", path=entry.name
                 )
         compressed = sum(entry.compressed_size for entry in self.entries)
-        if total > limits.ratio_min_bytes and total > limits.max_ratio * compressed:
+        if total > max(limits.ratio_min_bytes, AGGREGATE_RATIO_MIN_BYTES) and total > limits.max_ratio * compressed:
             raise AdmissionError(
                 "ZIP_RATIO",
                 f"the entries together expand {total / max(compressed, 1):.0f}:1, more than {limits.max_ratio}:1",

@@ -212,15 +212,21 @@ def test_ratio_applies_only_above_the_threshold(tmp_path):
 def test_small_entries_are_held_to_the_ratio_together(tmp_path):
     # Each entry is exempt (exactly ratio_min_bytes), but together they are a
     # bomb: a hostile review admitted 1,000 of them, 1 GB from a 1.1 MB ZIP.
-    zeros = {f"original/z{i}": b"\x00" * MiB for i in range(3)}
+    from pipeline.zipscan import AGGREGATE_RATIO_MIN_BYTES
+
+    count = AGGREGATE_RATIO_MIN_BYTES // MiB + 1
+    zeros = {f"original/z{i}": b"\x00" * MiB for i in range(count)}
+    bomb = _zip(zeros, compression=zipfile.ZIP_DEFLATED)
     with pytest.raises(AdmissionError) as exc:
-        _archive(tmp_path, _zip(zeros, compression=zipfile.ZIP_DEFLATED))
+        _archive(tmp_path, bomb)
     assert _code(exc) == "ZIP_RATIO"
     assert "together" in str(exc.value)
-    # Within the ratio together, or within ratio_min_bytes in all, it passes.
-    os.close(_archive(tmp_path, _zip(zeros, compression=zipfile.ZIP_DEFLATED), ZipLimits(max_ratio=2000)).fd)
-    small = {f"original/z{i}": b"\x00" * (MiB // 4) for i in range(3)}
-    os.close(_archive(tmp_path, _zip(small, compression=zipfile.ZIP_DEFLATED)).fd)
+    # Within the ratio together it passes.
+    os.close(_archive(tmp_path, bomb, ZipLimits(max_ratio=2000)).fd)
+    # Below the aggregate threshold, a sparse image beside a note is harmless
+    # however far it expands (the first threshold, 1 MiB, refused this at 822:1).
+    sparse = {"original/image.raw": b"\x00" * 1_000_000 + b"\x01" * 16, "original/note.txt": b"a" * 100_000}
+    os.close(_archive(tmp_path, _zip(sparse, compression=zipfile.ZIP_DEFLATED)).fd)
     rng = random.Random(0)  # log-like lines: timestamps and counters compress ~5-20:1, not 1000:1
     text = {f"original/log{i}": "".join(f"2026-12-01T12:{rng.randrange(60):02d}:{rng.randrange(60):02d} worker {rng.randrange(9)} "
                                         f"request {rng.randrange(10**6)} took {rng.randrange(900)} ms\n"
