@@ -1504,28 +1504,12 @@ def _doit_line(*args: str, workspace: Path) -> str:
     return quoted
 
 
-def test_export_refuses_the_workspace_under_another_name(tmp_path):
-    # A bind mount shows the workspace at another path: realpath cannot see
-    # it, its device and inode can. An export there would be content that the
-    # next build removes as unlisted.
-    ws = _admitted(tmp_path)
-    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
-    alias = tmp_path / "alias"
-    alias.mkdir()
-    dest = alias / "cases" / "c1" / "packages" / "pkg-1" / "content" / "original"
-    before = kit.tree_digest(ws)
-    result = _in_mount_namespace(f"mount --bind {shlex.quote(str(ws))} {shlex.quote(str(alias))} && "
-                                 + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
-    _one_line_error(result, "INVALID_ARGUMENT")
-    assert "is inside the workspace" in result.stderr
-    assert kit.tree_digest(ws) == before
-
-
-@pytest.mark.parametrize("mounted", ["cases", "cases/c1/packages/pkg-1/content"])
-def test_export_refuses_a_folder_of_the_workspace_under_another_name(tmp_path, mounted):
-    # A bind mount of a folder inside the workspace shares no identity with
-    # the workspace's root: before session 19 the export went ahead, and the
-    # next build removed what it wrote into the package as unlisted content.
+@pytest.mark.parametrize("mounted", ["", "cases", "cases/c1/packages/pkg-1/content"])
+def test_export_refuses_the_workspace_or_a_folder_of_it_under_another_name(tmp_path, mounted):
+    # A bind mount shows the workspace, or a folder in it, at another path:
+    # realpath cannot see it. An export there would be content that the next
+    # build removes as unlisted. (A folder's mount shares no identity with
+    # the workspace's root: before session 19 that export went ahead.)
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     alias = tmp_path / "alias"
