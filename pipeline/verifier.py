@@ -271,26 +271,28 @@ def _resolve(document: Any, pointer: str) -> Any:
     return current
 
 
-def _parse_json(text: str) -> Any:
+def _parse_json(text: str) -> tuple[Any, bool]:
+    """``(value, strict)``: the value of JSON text, and whether all of it is
+    strict JSON; the value is ``_NOT_JSON`` or ``_UNCOMPARABLE`` where no
+    value can be had. Strict decoding first: it is the common case, and a
+    value it gives needs no check of its parts."""
     try:
-        return parse_json_text(text)
+        return decode_strict(text.encode("utf-8"), max_bytes=MAX_REQUEST_BYTES, error=VerificationError), True
+    except VianoError:
+        pass
+    try:
+        return parse_json_text(text), False
     except ValueError:
-        return _NOT_JSON
+        return _NOT_JSON, False
     except (TooDeepToParse, RecursionError):
-        return _UNCOMPARABLE
-
-
-def _canonical(value: Any) -> bytes | None:
-    if value is _UNCOMPARABLE or strict_problem(value) is not None:
-        return None
-    return canonical_bytes(value)
+        return _UNCOMPARABLE, False
 
 
 def _matches(request: VerificationRequest) -> bool:
     spec = request.verification
     if spec.mode == EXACT_TEXT:
         return request.response_text.strip() == spec.expected_text.strip()
-    document = _parse_json(request.response_text)
+    document, strict = _parse_json(request.response_text)
     if not isinstance(document, dict):
         return False
     if spec.field_path.startswith("/"):
@@ -299,11 +301,14 @@ def _matches(request: VerificationRequest) -> bool:
         value = _member(document, spec.field_path)
     if value is _MISSING:
         return False
-    expected = _parse_json(spec.expected_text)
+    expected, expected_strict = _parse_json(spec.expected_text)
     if expected is _NOT_JSON:
         return isinstance(value, str) and value == spec.expected_text.strip()
-    value_form, expected_form = _canonical(value), _canonical(expected)
-    return value_form is not None and value_form == expected_form
+    # Valid JSON that strict decoding refuses has no canonical form: an
+    # expected_text wholly, a response in the field compared.
+    if not expected_strict or value is _UNCOMPARABLE or (not strict and strict_problem(value) is not None):
+        return False
+    return canonical_bytes(value) == canonical_bytes(expected)
 
 
 def verification_evidence(request: VerificationRequest, matched: bool) -> str:
