@@ -101,6 +101,9 @@ def one_line(text: str, limit: int = 300) -> str:
             out.append("\\\\")
         elif ch.isprintable():
             out.append(ch)
+        elif "\udc80" <= ch <= "\udcff":
+            # A byte that is not UTF-8, as a file name carries it (surrogateescape): shown as the byte.
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
         else:
             out.append(ch.encode("unicode_escape").decode("ascii"))
     folded = "".join(out)

@@ -243,9 +243,9 @@ class _DirSource(_Source):
                 rel = "/".join(child)
                 rel.encode("utf-8")
             except UnicodeEncodeError:
-                raise _source_error(
-                    "SOURCE_UNSAFE_NAME", "file name is not valid UTF-8", "/".join(child).encode("utf-8", "backslashreplace").decode()
-                ) from None
+                # The name as the system gave it (its odd bytes as surrogates):
+                # the message shows each as \xNN, escaped once.
+                raise _source_error("SOURCE_UNSAFE_NAME", "file name is not valid UTF-8", "/".join(child)) from None
             try:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except OSError as exc:  # removed since it was listed

@@ -486,7 +486,7 @@ class ZipArchive:
                 raise AdmissionError(
                     "ZIP_UNSAFE_PATH",
                     "entry name flagged UTF-8 is not valid UTF-8",
-                    path=raw.name_bytes.decode("utf-8", "backslashreplace"),
+                    path=raw.name_bytes.decode("utf-8", "surrogateescape"),  # shown as \xNN, escaped once
                 ) from None
         return raw.name_bytes.decode("cp437")
 

@@ -128,6 +128,22 @@ def test_corpus_is_complete_and_tiny():
     assert all((HOSTILE / name).stat().st_size < 8 * 1024 for name in zips)
 
 
+def test_a_name_that_is_not_utf8_is_shown_with_its_bytes_escaped_once(populated, tmp_path):
+    # The label once held "\\xff" as text, which the one-line message escaped
+    # again: "(original/\\\\xff\\\\xfe.txt)" (found by the docs audit).
+    zipped = assert_refused(populated, "hostile", HOSTILE / "h05_invalid_utf8.zip", "ZIP_UNSAFE_PATH")
+    assert str(zipped).endswith("(original/\\xff\\xfe.txt)"), str(zipped)
+    src = _dir_package(tmp_path / "d")
+    _non_utf8(src)
+    walked = assert_refused(populated, "hostile", src, "SOURCE_UNSAFE_NAME")
+    assert str(walked).endswith("(original/\\xff\\xfe.txt)"), str(walked)
+    # Only surrogateescape's range stands for bytes; other lone surrogates and
+    # a literal backslash keep their own escapes.
+    from pipeline.errors import one_line
+
+    assert one_line("a\udcffb\ud800c\\x") == "a\\xffb\\ud800c\\\\x"
+
+
 @pytest.mark.parametrize("name", sorted(n for n, c in EXPECTED.items() if c != "OK"))
 def test_hostile_zip_is_refused_and_changes_nothing(populated, name):
     assert_refused(populated, "hostile", HOSTILE / name, EXPECTED[name])
