@@ -108,7 +108,14 @@ def one_line(text: str, limit: int = 300) -> str:
             out.append(ch.encode("unicode_escape").decode("ascii"))
     folded = "".join(out)
     if len(folded) > limit:
-        folded = folded[: limit - 3] + "..."
+        # Cut between escapes, never inside one (a cut "\\x..." would read as another escape).
+        kept, length = [], 0
+        for piece in out:
+            if length + len(piece) > limit - 3:
+                break
+            kept.append(piece)
+            length += len(piece)
+        folded = "".join(kept) + "..."
     return folded
 
 

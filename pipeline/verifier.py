@@ -81,6 +81,7 @@ import signal
 import socket
 import stat
 import sys
+import threading
 from typing import Any, Callable, Iterable
 
 import msgspec
@@ -281,11 +282,33 @@ def _parse_json(text: str) -> tuple[Any, bool]:
     except VianoError:
         pass
     try:
-        return parse_json_text(text), False
+        try:
+            return parse_json_text(text), False
+        except RecursionError:
+            # Within PARSE_MAX_DEPTH, but the caller's own stack was deep:
+            # parsed again on a fresh one, so the verdict never depends on it.
+            return _on_a_fresh_stack(parse_json_text, text), False
     except ValueError:
         return _NOT_JSON, False
     except (TooDeepToParse, RecursionError):
         return _UNCOMPARABLE, False
+
+
+def _on_a_fresh_stack(function: Callable[[str], Any], text: str) -> Any:
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = function(text)
+        except BaseException as error:  # handed back to the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="verifier-parse")
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _matches(request: VerificationRequest) -> bool:

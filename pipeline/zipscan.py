@@ -477,7 +477,7 @@ class ZipArchive:
         if b"\x00" in raw.name_bytes:
             # zipfile cuts .filename at the NUL (RELIABILITY 4): check the raw bytes.
             raise AdmissionError(
-                "ZIP_UNSAFE_PATH", "NUL in entry name", path=raw.name_bytes.decode("utf-8", "backslashreplace")
+                "ZIP_UNSAFE_PATH", "NUL in entry name", path=raw.name_bytes.decode("utf-8", "surrogateescape")
             )
         if raw.flags & _FLAG_UTF8:
             try:
@@ -495,7 +495,7 @@ class ZipArchive:
         locals_: list[_Local] = []
         spans: list[tuple[int, int, int]] = []
         for i, raw in enumerate(raws):
-            display = raw.name_bytes.decode("utf-8", "backslashreplace")
+            display = raw.name_bytes.decode("utf-8", "surrogateescape")
             if raw.offset + _LOCAL.size > cd_offset:
                 raise _invalid("local header offset points past the entries", display)
             header = _pread_exact(self.fd, _LOCAL.size, raw.offset, "a local header")
@@ -520,19 +520,19 @@ class ZipArchive:
                 raise AdmissionError(
                     "ZIP_OVERLAP",
                     "entry overlaps another entry's bytes",
-                    path=raws[i].name_bytes.decode("utf-8", "backslashreplace"),
+                    path=raws[i].name_bytes.decode("utf-8", "surrogateescape"),
                 )
             if start > cursor:
                 raise _invalid(
                     "unaccounted bytes before an entry (junk prefix or hidden data)",
-                    raws[i].name_bytes.decode("utf-8", "backslashreplace"),
+                    raws[i].name_bytes.decode("utf-8", "surrogateescape"),
                 )
             cursor = end
         if cursor != cd_offset:
             raise _invalid("unaccounted bytes between the last entry and the central directory")
         entries = []
         for raw, (lflags, lmethod, lcrc, lcsize, lusize, nlen, elen, data_offset) in zip(raws, locals_):
-            display = raw.name_bytes.decode("utf-8", "backslashreplace")
+            display = raw.name_bytes.decode("utf-8", "surrogateescape")
             lvar = _pread_exact(self.fd, nlen + elen, raw.offset + _LOCAL.size, "a local header name")
             lname, lextra = lvar[:nlen], lvar[nlen:]
             if lname != raw.name_bytes:

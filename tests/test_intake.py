@@ -142,6 +142,10 @@ def test_a_name_that_is_not_utf8_is_shown_with_its_bytes_escaped_once(populated,
     from pipeline.errors import one_line
 
     assert one_line("a\udcffb\ud800c\\x") == "a\\xffb\\ud800c\\\\x"
+    # A cut comes between escapes, never inside one.
+    assert [one_line("ab" + "\udcff" * 3, limit) for limit in (8, 9, 12, 13)] == [
+        "ab...", "ab\\xff...", "ab\\xff...", "ab\\xff\\xff..."]
+    assert len(one_line("x" * 400)) == 300 and one_line("x" * 400).endswith("...")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in EXPECTED.items() if c != "OK"))

@@ -355,3 +355,8 @@ def test_parse_json_text_stops_at_a_fixed_depth_before_parsing():
         with pytest.raises(TooDeepToParse):
             parse_json_text(text)
     assert parse_json_text('["' + "[" * 5000 + '"]') == ["[" * 5000]  # brackets in strings do not count
+    # ... nor in a string left open, which runs to the end: no JSON, not "too deep"
+    with pytest.raises(ValueError):
+        parse_json_text('"' + "[" * 600)
+    with pytest.raises(ValueError):
+        parse_json_text("[" * 10 + '"' + '\\"' * 5000 + "[" * 600)

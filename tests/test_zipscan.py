@@ -339,6 +339,17 @@ def test_truncated_deflate_stream(tmp_path):
     os.close(archive.fd)
 
 
+def test_a_name_s_bytes_that_are_not_utf8_are_shown_once_escaped(tmp_path):
+    # Every refusal that names an entry shows its odd bytes as \xNN once (five
+    # places escaped them as text, which the one-line message doubled).
+    data = _zip({"original/aQb.txt": b"x"})
+    data = data.replace(b"aQb.txt", b"a\x00\xff.txt")  # local and central name alike
+    with pytest.raises(AdmissionError) as exc:
+        _archive(tmp_path, data)
+    assert _code(exc) == "ZIP_UNSAFE_PATH"
+    assert str(exc.value).endswith("(original/a\\x00\\xff.txt)"), str(exc.value)
+
+
 def test_nul_name_is_caught_although_zipfile_hides_it():
     path = HOSTILE / "h04_nul.zip"
     with zipfile.ZipFile(path) as zf:
