@@ -700,8 +700,8 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
     the mount table (the same filesystem and a place within the workspace
     there, or within a filesystem mounted inside it); and by identity
     (device and inode) of every existing ancestor. Where the mount table
-    cannot be read, the workspace's folders are walked for those identities
-    instead."""
+    cannot be read or does not locate both paths, the workspace's folders
+    are walked for those identities instead."""
     from .mounts import lies_within, read_mounts
 
     resolved, root = os.path.realpath(destination), os.path.realpath(workspace_root)
@@ -712,7 +712,10 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
     except OSError:
         return False  # no workspace there: the command refuses the case anyway
     mounts = read_mounts()
-    if mounts is not None and lies_within(resolved, root, mounts):
+    # None: no table, or one that does not locate both paths (a chroot whose
+    # root is no mount point): then the walk below decides.
+    located = lies_within(resolved, root, mounts) if mounts is not None else None
+    if located:
         return True
     ancestors = set()
     probe = Path(os.path.abspath(destination))
@@ -728,7 +731,7 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
         probe = probe.parent
     if (root_st.st_dev, root_st.st_ino) in ancestors:
         return True
-    if mounts is not None:
+    if located is False:
         return False
     return _holds_folder_of(workspace_root, ancestors)
 

@@ -2,12 +2,16 @@
 
 A bind mount shows a folder at a second path, and ``realpath`` cannot see
 through it: ``/mnt/alias/x`` may be ``/work/ws/cases/x``. The kernel's
-``/proc/self/mountinfo`` says, for every mount, which filesystem it shows
-(``major:minor``), which folder of that filesystem is its root, and where it
-is mounted. From it, a resolved path becomes ``(filesystem, path within
-it)``, and two paths that reach the same folder become comparable however
-they were mounted. Linux only; where the file cannot be read, callers get
-``None`` and fall back on what they can check themselves.
+``/proc/self/mountinfo`` says, for every mount, which mount it sits on,
+which filesystem it shows (``major:minor``), which folder of that
+filesystem is its root, and where it is mounted. A path is resolved the way
+the kernel walks it: from the root mount, one component at a time, crossing
+into a mount that sits on the current one at that point (and into the top
+of a stack of mounts there). A mount that a later mount on a parent folder
+hides, or one left where ``mount --move`` took its place, is never reached.
+Linux only; where the table cannot be read or does not cover a path (a
+chroot whose root is no mount point), callers get ``None`` and fall back on
+what they can check themselves.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["Mount", "read_mounts", "filesystem_location", "lies_within"]
+__all__ = ["Mount", "parse_mountinfo", "read_mounts", "filesystem_location", "lies_within"]
 
 _MOUNTINFO = "/proc/self/mountinfo"
 #: A mount table larger than this is not read (a container host may list
@@ -25,6 +29,8 @@ _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 class Mount(NamedTuple):
+    mount_id: str
+    parent_id: str  # the mount this one sits on (itself, or one not listed, for the root)
     device: str  # "major:minor" of the filesystem shown
     root: str  # the folder of that filesystem the mount shows
     point: str  # where it is mounted
@@ -36,14 +42,13 @@ def _unescape(field: str) -> str:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """The mounts of a mountinfo text, in its order (a later mount at the same
-    point lies over an earlier one); malformed lines are skipped."""
+    """The mounts of a mountinfo text, in its order; malformed lines are skipped."""
     mounts = []
     for line in text.splitlines():
         fields = line.split(" ")
-        if len(fields) < 5 or ":" not in fields[2]:
+        if len(fields) < 5 or ":" not in fields[2] or not fields[4].startswith("/"):
             continue
-        mounts.append(Mount(fields[2], _unescape(fields[3]), _unescape(fields[4])))
+        mounts.append(Mount(fields[0], fields[1], fields[2], _unescape(fields[3]), _unescape(fields[4])))
     return mounts
 
 
@@ -64,27 +69,62 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
+def _top_of(mount: Mount, point: str, on: dict[tuple[str, str], Mount]) -> Mount:
+    """The mount seen at ``point``: ``mount``, or what is stacked on it there."""
+    seen = {mount.mount_id}
+    while (mount.mount_id, point) in on:
+        mount = on[(mount.mount_id, point)]
+        if mount.mount_id in seen:  # a malformed table: a cycle
+            break
+        seen.add(mount.mount_id)
+    return mount
+
+
+def _resolving(mounts: list[Mount]):
+    """The root mount and the index (parent id, point) -> mount of the table."""
+    ids = {mount.mount_id for mount in mounts}
+    on: dict[tuple[str, str], Mount] = {}
+    roots = []
+    for mount in mounts:
+        if mount.parent_id == mount.mount_id or mount.parent_id not in ids:
+            if mount.point == "/":
+                roots.append(mount)
+            continue
+        on[(mount.parent_id, mount.point)] = mount  # a later one at the same place lies over it
+    if len(roots) != 1:
+        return None, on
+    return _top_of(roots[0], "/", on), on
+
+
 def filesystem_location(path: str, mounts: list[Mount]) -> tuple[str, str] | None:
     """``(device, path within that filesystem)`` of an absolute, resolved path,
-    through the innermost mount that holds it (the last of equals)."""
-    best = None
-    for mount in mounts:
-        if _within(path, mount.point) and (best is None or len(mount.point) >= len(best.point)):
-            best = mount
-    if best is None:
+    through the mounts the kernel's walk of it would cross; None when the
+    table has no single root mount."""
+    current, on = _resolving(mounts)
+    if current is None:
         return None
-    rest = path[len(best.point.rstrip("/")):]
-    return best.device, (best.root.rstrip("/") + rest) or "/"
+    position = "/"
+    for part in [p for p in path.split("/") if p]:
+        position = position.rstrip("/") + "/" + part
+        current = _top_of(current, position, on)
+    rest = path[len(current.point.rstrip("/")):] if current.point != "/" else path
+    inner = current.root.rstrip("/") + rest
+    return current.device, inner or "/"
 
 
-def lies_within(path: str, folder: str, mounts: list[Mount]) -> bool:
+def lies_within(path: str, folder: str, mounts: list[Mount]) -> bool | None:
     """Whether the resolved ``path`` reaches into the resolved ``folder``: the
     same filesystem and a place within the folder there, or within a
-    filesystem mounted inside the folder, by whatever mount it is reached."""
+    filesystem mounted inside the folder, by whatever mount it is reached.
+    None when the table does not locate both."""
     here = filesystem_location(path, mounts)
     top = filesystem_location(folder, mounts)
     if here is None or top is None:
-        return False
-    regions = [top] + [(m.device, m.root) for m in mounts if m.point != folder and _within(m.point, folder)]
+        return None
+    regions = [top]
+    for mount in mounts:
+        if mount.point != folder and _within(mount.point, folder):
+            # Mounted inside the folder, wherever it is reached from.
+            regions.append((mount.device, mount.root))
     device, inner = here
     return any(device == region_device and _within(inner, region_root) for region_device, region_root in regions)

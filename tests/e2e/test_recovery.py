@@ -1553,6 +1553,35 @@ def test_export_refuses_a_folder_of_a_filesystem_mounted_inside_the_workspace(tm
     assert "out" not in result.stdout.split()  # ls: nothing was written into the mounted folder
 
 
+@pytest.mark.parametrize("hiding", ["covered", "moved"])
+def test_export_sees_through_a_mount_that_another_hides(tmp_path, hiding):
+    # The mount table lists mounts that a later one hides: a tmpfs at m/d/new
+    # under a bind of the workspace's cases on m/d, or a tmpfs at m/d2 that a
+    # moved bind of the cases lies on. Taking the longest listed mount point,
+    # the first mount-table check exported into the workspace through both
+    # (found by the second re-review).
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    m = tmp_path / "m"
+    q = lambda path: shlex.quote(str(path))  # noqa: E731
+    cases = ws / "cases"
+    if hiding == "covered":
+        (m / "d" / "new").mkdir(parents=True)
+        setup = f"mount -t tmpfs none {q(m / 'd' / 'new')} && mount --bind {q(cases)} {q(m / 'd')}"
+        dest = m / "d" / "new"
+    else:
+        (m / "stage").mkdir(parents=True)
+        (m / "d2").mkdir()
+        setup = (f"mount --bind {q(cases)} {q(m / 'stage')} && mount -t tmpfs none {q(m / 'd2')} && "
+                 f"mount --move {q(m / 'stage')} {q(m / 'd2')}")
+        dest = m / "d2" / "x"
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(setup + " && " + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert kit.tree_digest(ws) == before
+
+
 def test_status_and_probes_only_read_the_store_and_work_on_a_read_only_workspace(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
