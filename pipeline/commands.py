@@ -696,13 +696,14 @@ def _refuse_to_overwrite(target: Path, data: bytes) -> bool:
 
 def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
     """Whether ``destination`` lies in the workspace: by path once links are
-    resolved; then, since a bind mount shows a folder at a second path, by
-    the mount table (the same filesystem and a place within the workspace
-    there, or within a filesystem mounted inside it); and by identity
-    (device and inode) of every existing ancestor. Where the mount table
-    cannot be read or does not locate both paths, the workspace's folders
-    are walked for those identities instead."""
-    from .mounts import lies_within, read_mounts
+    resolved; by identity (device and inode) of every existing ancestor
+    against the workspace's root; then, since a bind mount shows a folder at
+    a second path, by the mount table (the same filesystem and a place within
+    the workspace there, or within a filesystem mounted inside it). Where
+    the table cannot be read, does not locate both paths, or disagrees with
+    what ``stat`` sees (a mount over ``/``, a ``/proc`` magic link), the
+    workspace's folders are walked for the ancestors' identities instead."""
+    from .mounts import filesystem_location, lies_within, read_mounts
 
     resolved, root = os.path.realpath(destination), os.path.realpath(workspace_root)
     if resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep):
@@ -711,13 +712,8 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
         root_st = os.stat(workspace_root)
     except OSError:
         return False  # no workspace there: the command refuses the case anyway
-    mounts = read_mounts()
-    # None: no table, or one that does not locate both paths (a chroot whose
-    # root is no mount point): then the walk below decides.
-    located = lies_within(resolved, root, mounts) if mounts is not None else None
-    if located:
-        return True
     ancestors = set()
+    nearest = None  # the nearest existing ancestor, as the path reaches it
     probe = Path(os.path.abspath(destination))
     while True:
         try:
@@ -726,13 +722,32 @@ def _inside_workspace(destination: Path, workspace_root: Path) -> bool:
             pass  # not made yet: its parents decide
         else:
             ancestors.add((st.st_dev, st.st_ino))
+            nearest = nearest or (probe, st)
         if probe.parent == probe:
             break
         probe = probe.parent
     if (root_st.st_dev, root_st.st_ino) in ancestors:
         return True
-    if located is False:
-        return False
+    mounts = read_mounts()
+    located = lies_within(resolved, root, mounts) if mounts is not None else None
+    if located:
+        return True
+    if located is False and nearest is not None:
+        near_path, near_st = nearest
+        try:
+            real_st = os.stat(os.path.realpath(near_path))
+        except OSError:
+            real_st = None
+
+        def device(st) -> str:
+            return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+        here = filesystem_location(os.path.realpath(near_path), mounts)
+        top = filesystem_location(root, mounts)
+        agrees = (real_st is not None and (real_st.st_dev, real_st.st_ino) == (near_st.st_dev, near_st.st_ino)
+                  and here is not None and here[0] == device(near_st) and top is not None and top[0] == device(root_st))
+        if agrees:
+            return False
     return _holds_folder_of(workspace_root, ancestors)
 
 

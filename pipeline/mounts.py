@@ -44,7 +44,10 @@ def _unescape(field: str) -> str:
 def parse_mountinfo(text: str) -> list[Mount]:
     """The mounts of a mountinfo text, in its order; malformed lines are skipped."""
     mounts = []
-    for line in text.splitlines():
+    # Lines end in "\n" only: a mount point may hold "\r", "\v", U+2028 and
+    # other characters splitlines() would cut it at (mountinfo escapes only
+    # space, tab, newline and backslash).
+    for line in text.split("\n"):
         fields = line.split(" ")
         if len(fields) < 5 or ":" not in fields[2] or not fields[4].startswith("/"):
             continue
@@ -96,17 +99,24 @@ def _resolving(mounts: list[Mount]):
     return _top_of(roots[0], "/", on), on
 
 
-def filesystem_location(path: str, mounts: list[Mount]) -> tuple[str, str] | None:
-    """``(device, path within that filesystem)`` of an absolute, resolved path,
-    through the mounts the kernel's walk of it would cross; None when the
-    table has no single root mount."""
-    current, on = _resolving(mounts)
+def _mount_of(path: str, mounts: list[Mount], resolving=None) -> Mount | None:
+    current, on = resolving or _resolving(mounts)
     if current is None:
         return None
     position = "/"
     for part in [p for p in path.split("/") if p]:
         position = position.rstrip("/") + "/" + part
         current = _top_of(current, position, on)
+    return current
+
+
+def filesystem_location(path: str, mounts: list[Mount]) -> tuple[str, str] | None:
+    """``(device, path within that filesystem)`` of an absolute, resolved path,
+    through the mounts the kernel's walk of it would cross; None when the
+    table has no single root mount."""
+    current = _mount_of(path, mounts)
+    if current is None:
+        return None
     rest = path[len(current.point.rstrip("/")):] if current.point != "/" else path
     inner = current.root.rstrip("/") + rest
     return current.device, inner or "/"
@@ -122,9 +132,11 @@ def lies_within(path: str, folder: str, mounts: list[Mount]) -> bool | None:
     if here is None or top is None:
         return None
     regions = [top]
+    resolving = _resolving(mounts)
     for mount in mounts:
-        if mount.point != folder and _within(mount.point, folder):
-            # Mounted inside the folder, wherever it is reached from.
+        if mount.point != folder and _within(mount.point, folder) and _mount_of(mount.point, mounts, resolving) == mount:
+            # Mounted inside the folder and seen there (not covered by another
+            # mount), wherever else it is reached from.
             regions.append((mount.device, mount.root))
     device, inner = here
     return any(device == region_device and _within(inner, region_root) for region_device, region_root in regions)

@@ -72,6 +72,28 @@ def test_a_path_lies_within_the_workspace_however_it_is_mounted(path, inside):
     assert lies_within(path, "/work/ws", MOUNTS) is inside
 
 
+def test_a_mount_point_may_hold_any_character_but_a_line_feed():
+    # splitlines() also cut at "\r", "\v", U+0085, U+2028 ... (second mount review)
+    odd = "/mnt/a\rb\x0bc\x1cd\u0085e\u2028f"
+    table = parse_mountinfo("20 1 8:1 / / rw - ext4 /dev/sda1 rw\n21 20 8:1 /work/ws/cases " + odd + " rw - ext4 x rw\n")
+    assert [m.point for m in table] == ["/", odd]
+    assert lies_within(odd + "/x", "/work/ws", table) is True
+    assert lies_within("/mnt/a", "/work/ws", table) is False
+
+
+def test_a_covered_mount_inside_the_workspace_does_not_count():
+    # T at /work/ws/m, bound at /h, then U mounted over /work/ws/m: T is no
+    # longer inside the workspace, so exporting into /h is allowed.
+    table = parse_mountinfo("\n".join([
+        "20 1 8:1 / / rw - ext4 /dev/sda1 rw",
+        "21 20 0:70 / /work/ws/m rw - tmpfs T rw",
+        "22 20 0:70 / /h rw - tmpfs T rw",
+        "23 21 0:71 / /work/ws/m rw - tmpfs U rw",
+    ]))
+    assert lies_within("/h/e", "/work/ws", table) is False
+    assert lies_within("/work/ws/m/e", "/work/ws", table) is True
+
+
 def test_a_table_without_one_root_mount_locates_nothing():
     # A chroot whose root is no mount point lists no mount at "/": the caller
     # falls back on walking the workspace.

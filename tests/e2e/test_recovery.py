@@ -1582,6 +1582,29 @@ def test_export_sees_through_a_mount_that_another_hides(tmp_path, hiding):
     assert kit.tree_digest(ws) == before
 
 
+@pytest.mark.parametrize("trick", ["magic-link", "mount-over-root"])
+def test_export_walks_the_workspace_when_the_mount_table_disagrees_with_what_it_sees(tmp_path, trick):
+    # Two ways the table misleads (found by the mount review): a /proc magic
+    # link to a detached bind of the workspace's cases, which realpath reads as
+    # "/"; and a tmpfs mounted over "/", which the process does not walk from.
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    q = lambda path: shlex.quote(str(path))  # noqa: E731
+    if trick == "magic-link":
+        setup = f"mount --bind {q(ws / 'cases')} {q(alias)} && exec 7<{q(alias)} && umount -l {q(alias)}"
+        dest = "/proc/self/fd/7/zz"
+    else:
+        setup = f"mount --bind {q(ws / 'cases')} {q(alias)} && mount -t tmpfs x / && cd {q(REPO)}"
+        dest = str(alias / "zz")
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(setup + " && " + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert kit.tree_digest(ws) == before
+
+
 def test_status_and_probes_only_read_the_store_and_work_on_a_read_only_workspace(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
