@@ -9,13 +9,16 @@ the kernel walks it: from the root mount, one component at a time, crossing
 into a mount that sits on the current one at that point (and into the top
 of a stack of mounts there). A mount that a later mount on a parent folder
 hides, or one left where ``mount --move`` took its place, is never reached.
-Linux only; where the table cannot be read or does not cover a path (a
-chroot whose root is no mount point), callers get ``None`` and fall back on
-what they can check themselves.
+An overlay whose upper (or work) folder lies inside a folder counts as
+inside it: what is written through the overlay lands there. Linux only;
+where the table cannot be read or does not cover a path (a chroot whose
+root is no mount point), callers get ``None`` and fall back on what they can
+check themselves.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import NamedTuple
 
@@ -34,6 +37,8 @@ class Mount(NamedTuple):
     device: str  # "major:minor" of the filesystem shown
     root: str  # the folder of that filesystem the mount shows
     point: str  # where it is mounted
+    fstype: str = ""
+    options: str = ""  # the filesystem's own (super) options, still escaped
 
 
 def _unescape(field: str) -> str:
@@ -51,7 +56,11 @@ def parse_mountinfo(text: str) -> list[Mount]:
         fields = line.split(" ")
         if len(fields) < 5 or ":" not in fields[2] or not fields[4].startswith("/"):
             continue
-        mounts.append(Mount(fields[0], fields[1], fields[2], _unescape(fields[3]), _unescape(fields[4])))
+        # Optional fields end at a lone "-", then: type, source, options.
+        tail = fields[fields.index("-", 6) + 1:] if "-" in fields[6:] else []
+        fstype = tail[0] if tail else ""
+        options = tail[2] if len(tail) > 2 else ""
+        mounts.append(Mount(fields[0], fields[1], fields[2], _unescape(fields[3]), _unescape(fields[4]), fstype, options))
     return mounts
 
 
@@ -138,5 +147,21 @@ def lies_within(path: str, folder: str, mounts: list[Mount]) -> bool | None:
             # Mounted inside the folder and seen there (not covered by another
             # mount), wherever else it is reached from.
             regions.append((mount.device, mount.root))
+        elif mount.fstype == "overlay" and any(_within(upper, folder) for upper in _written_dirs(mount.options)):
+            # Writes through an overlay land in its upper (and work) folder.
+            regions.append((mount.device, "/"))
     device, inner = here
     return any(device == region_device and _within(inner, region_root) for region_device, region_root in regions)
+
+
+def _written_dirs(options: str) -> list[str]:
+    """An overlay's ``upperdir`` and ``workdir``, as absolute normalised paths
+    (a relative one cannot be placed, and is left out)."""
+    found = []
+    for option in options.split(","):  # a comma inside a value is escaped (\054)
+        key, _, value = option.partition("=")
+        if key in ("upperdir", "workdir"):
+            value = _unescape(value)
+            if value.startswith("/"):
+                found.append(posixpath.normpath(value))
+    return found

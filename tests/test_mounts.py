@@ -36,8 +36,8 @@ MOUNTS = parse_mountinfo(MOUNTINFO)
 
 
 def test_mountinfo_lines_become_mounts_with_their_escapes_undone():
-    assert MOUNTS[0] == Mount("20", "1", "8:1", "/", "/")
-    assert MOUNTS[7] == Mount("27", "20", "8:1", "/work/ws/cases", "/mnt/with space")
+    assert MOUNTS[0] == Mount("20", "1", "8:1", "/", "/", "ext4", "rw")
+    assert MOUNTS[7] == Mount("27", "20", "8:1", "/work/ws/cases", "/mnt/with space", "ext4", "rw")
     assert len(MOUNTS) == 12  # the malformed line is skipped
 
 
@@ -92,6 +92,20 @@ def test_a_covered_mount_inside_the_workspace_does_not_count():
     ]))
     assert lies_within("/h/e", "/work/ws", table) is False
     assert lies_within("/work/ws/m/e", "/work/ws", table) is True
+
+
+def test_an_overlay_writing_into_the_workspace_counts_as_inside_it():
+    # What is written through an overlay lands in its upperdir (found by the
+    # mount review: an overlay whose upperdir was in the workspace let the
+    # export write there). Its lower folders are only read.
+    table = parse_mountinfo("\n".join([
+        "20 1 8:1 / / rw - ext4 /dev/sda1 rw",
+        "65 20 0:80 / /srv/merged rw,relatime - overlay o rw,lowerdir=/srv/low,upperdir=/work/ws/up,workdir=/work/ws/wk,uuid=on",
+        r"66 20 0:81 / /srv/read rw,relatime - overlay o rw,lowerdir=/work/ws/cases,upperdir=/srv/u\054p,workdir=/srv/wk",
+    ]))
+    assert table[1].fstype == "overlay" and "upperdir=/work/ws/up" in table[1].options
+    assert lies_within("/srv/merged/e", "/work/ws", table) is True
+    assert lies_within("/srv/read/e", "/work/ws", table) is False
 
 
 def test_a_table_without_one_root_mount_locates_nothing():

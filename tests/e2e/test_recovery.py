@@ -1582,6 +1582,22 @@ def test_export_sees_through_a_mount_that_another_hides(tmp_path, hiding):
     assert kit.tree_digest(ws) == before
 
 
+def test_export_refuses_an_overlay_that_writes_into_the_workspace(tmp_path):
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    lower, merged = tmp_path / "lower", tmp_path / "merged"
+    lower.mkdir()
+    merged.mkdir()
+    q = lambda path: shlex.quote(str(path))  # noqa: E731
+    setup = (f"mkdir {q(ws / 'up')} {q(ws / 'wk')} && mount -t overlay o -o "
+             f"lowerdir={lower},upperdir={ws / 'up'},workdir={ws / 'wk'} {q(merged)}")
+    result = _in_mount_namespace(setup + " && " + _doit_line("export", "case=c1", f"dest={merged / 'e'}", workspace=ws)
+                                 + f"; status=$?; ls -A {q(ws / 'up')}; exit $status")
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert "e" not in result.stdout.split()  # ls: nothing landed in the upper folder
+
+
 @pytest.mark.parametrize("trick", ["magic-link", "mount-over-root"])
 def test_export_walks_the_workspace_when_the_mount_table_disagrees_with_what_it_sees(tmp_path, trick):
     # Two ways the table misleads (found by the mount review): a /proc magic
