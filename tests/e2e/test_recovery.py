@@ -1553,6 +1553,16 @@ def test_export_refuses_a_folder_of_a_filesystem_mounted_inside_the_workspace(tm
     assert "out" not in result.stdout.split()  # ls: nothing was written into the mounted folder
 
 
+def _assert_export_refused_after(setup: str, ws: Path, dest) -> None:
+    """An export to ``dest`` right after ``setup`` (sh, in a mount namespace of
+    its own) is refused as inside the workspace, which it leaves unchanged."""
+    before = kit.tree_digest(ws)
+    result = _in_mount_namespace(setup + " && " + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
+    _one_line_error(result, "INVALID_ARGUMENT")
+    assert "is inside the workspace" in result.stderr
+    assert kit.tree_digest(ws) == before
+
+
 @pytest.mark.parametrize("hiding", ["covered", "moved"])
 def test_export_sees_through_a_mount_that_another_hides(tmp_path, hiding):
     # The mount table lists mounts that a later one hides: a tmpfs at m/d/new
@@ -1575,11 +1585,7 @@ def test_export_sees_through_a_mount_that_another_hides(tmp_path, hiding):
         setup = (f"mount --bind {q(cases)} {q(m / 'stage')} && mount -t tmpfs none {q(m / 'd2')} && "
                  f"mount --move {q(m / 'stage')} {q(m / 'd2')}")
         dest = m / "d2" / "x"
-    before = kit.tree_digest(ws)
-    result = _in_mount_namespace(setup + " && " + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
-    _one_line_error(result, "INVALID_ARGUMENT")
-    assert "is inside the workspace" in result.stderr
-    assert kit.tree_digest(ws) == before
+    _assert_export_refused_after(setup, ws, dest)
 
 
 def test_export_refuses_an_overlay_that_writes_into_the_workspace(tmp_path):
@@ -1614,11 +1620,7 @@ def test_export_walks_the_workspace_when_the_mount_table_disagrees_with_what_it_
     else:
         setup = f"mount --bind {q(ws / 'cases')} {q(alias)} && mount -t tmpfs x / && cd {q(REPO)}"
         dest = str(alias / "zz")
-    before = kit.tree_digest(ws)
-    result = _in_mount_namespace(setup + " && " + _doit_line("export", "case=c1", f"dest={dest}", workspace=ws))
-    _one_line_error(result, "INVALID_ARGUMENT")
-    assert "is inside the workspace" in result.stderr
-    assert kit.tree_digest(ws) == before
+    _assert_export_refused_after(setup, ws, dest)
 
 
 def test_status_and_probes_only_read_the_store_and_work_on_a_read_only_workspace(tmp_path):
