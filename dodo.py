@@ -22,7 +22,9 @@ from doit.tools import config_changed  # noqa: E402
 
 from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case  # noqa: E402
 from pipeline.cache import BuildCache  # noqa: E402
-from pipeline.doitcli import chain_stamp, doit_config, guarded, output_as_written, output_digest, subtask_name  # noqa: E402
+from pipeline.doitcli import (  # noqa: E402
+    chain_stamp, declares_subtask, doit_config, guarded, output_as_written, output_digest, subtask_name,
+)
 from pipeline.errors import VianoError  # noqa: E402
 from pipeline.limits import CaseBuilderLimits  # noqa: E402
 from pipeline.workspace import Workspace, validate_id  # noqa: E402
@@ -190,12 +192,16 @@ def _read_inputs():
         # whether the document is over its size bound: it exists exactly when
         # this input was read by this builder under the same bound.
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
+        name = subtask_name(doc["path"])
+        target = cache.input_record_name(doc["path"], doc["sha256"], doc["contract"], inline, over)
+        if not declares_subtask(f"read_input:{name}", target):
+            continue
         yield {
-            "name": subtask_name(doc["path"]),
+            "name": name,
             "actions": [(guarded, ["pipeline.build:step_read_input", root, case_id, plan["package_id"],
                                    doc["path"], doc["sha256"], doc["size"], doc["contract"]],
                          {"limits": limits, "inline_fact_value": inline})],
-            "targets": [cache.input_record_name(doc["path"], doc["sha256"], doc["contract"], inline, over)],
+            "targets": [target],
             "uptodate": [True],
         }
 
@@ -217,11 +223,15 @@ def _hash_contexts():
     for ref in plan["opaque"]:
         # Named by path, sha256 and size: the record exists exactly when this
         # file was verified (hashing does not change with the builder's code).
+        name = subtask_name(ref["path"])
+        target = cache.opaque_name(ref["path"], ref["sha256"], ref["size"])
+        if not declares_subtask(f"hash_context:{name}", target):
+            continue
         yield {
-            "name": subtask_name(ref["path"]),
+            "name": name,
             "actions": [(guarded, ["pipeline.build:step_hash_context", root, case_id, plan["package_id"],
                                    ref["path"], ref["sha256"], ref["size"]])],
-            "targets": [cache.opaque_name(ref["path"], ref["sha256"], ref["size"])],
+            "targets": [target],
             "uptodate": [True],
         }
 

@@ -37,7 +37,7 @@ from .cache import is_file_state, sound_doit_record
 from .errors import VianoError, coded_io_error, one_line
 from .interrupts import ignore_interrupts_from_now, report_interrupts_on_one_line
 
-__all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "BUILD_TASKS"]
+__all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "declares_subtask", "BUILD_TASKS"]
 
 #: Tasks that read or write a case's build cache; only these take the lock.
 BUILD_TASKS = ("build", "validate_index", "read_input", "hash_context", "assemble", "render", "publish")
@@ -300,17 +300,12 @@ def argument_problem(variables, argv) -> str | None:
     return None
 
 
-def replaced_build_record_option(argv) -> str | None:
-    """doit's options that would replace how the build is recorded, or None.
-
-    ``--backend``, ``--db-file`` and ``--check_file_uptodate`` override
-    DOIT_CONFIG: another backend opens the case's sqlite3 dep file as its own
-    (a traceback, or the dbm file RELIABILITY 35 rules out), another file
-    leaves the case lock's protection, and doit's own checkers trust
-    modification times (RELIABILITY 43). Found as doit finds them: its
+def _command_options(argv):
+    """(doit command class, the options given to it) as doit finds them: its
     loader options first, its variables set aside, then the command's own
     options through getopt, which takes a prefix only one of that command's
-    options has and the value after an option that takes one."""
+    options has and the value after an option that takes one. The options
+    are None when doit refuses the command line itself."""
     import getopt
 
     from doit.cmd_base import DodoTaskLoader, DoitCmdBase
@@ -321,7 +316,6 @@ def replaced_build_record_option(argv) -> str | None:
         found = CmdParse([CmdOption(option) for option in options])
         return found.get_short(), found.get_long()
 
-    fixed = {f"--{option['long']}" for option in DoitCmdBase.base_options if option.get("long")}
     args = list(argv[1:])
     try:
         _, args = getopt.getopt(args, *parser(DodoTaskLoader.cmd_options))
@@ -335,16 +329,48 @@ def replaced_build_record_option(argv) -> str | None:
     else:
         args = args[1:]
     if not issubclass(command, DoitCmdBase):
-        return None  # no dep file of the builder's is opened
+        return command, []
     try:
         found, _ = getopt.getopt(args, *parser((*DoitCmdBase.base_options, *DodoTaskLoader.cmd_options, *command.cmd_options)))
     except getopt.GetoptError:
-        return None  # doit refuses the command line itself
-    for option, _ in found:
+        return command, None
+    return command, [option for option, _ in found]
+
+
+def replaced_build_record_option(argv) -> str | None:
+    """doit's options that would replace how the build is recorded, or None.
+
+    ``--backend``, ``--db-file`` and ``--check_file_uptodate`` override
+    DOIT_CONFIG: another backend opens the case's sqlite3 dep file as its own
+    (a traceback, or the dbm file RELIABILITY 35 rules out), another file
+    leaves the case lock's protection, and doit's own checkers trust
+    modification times (RELIABILITY 43)."""
+    from doit.cmd_base import DoitCmdBase
+
+    command, found = _command_options(argv)
+    if not issubclass(command, DoitCmdBase) or found is None:
+        return None  # no dep file of the builder's is opened, or doit refuses the line itself
+    fixed = {f"--{option['long']}" for option in DoitCmdBase.base_options if option.get("long")}
+    for option in found:
         if option in fixed:
-            return (f"{option} is set by the builder (one sqlite3 dep file per case, under the case lock, "
-                    "checked by content hash); leave it out")
+            return (f"{option} is set by the builder (one sqlite3 dep file per case, "
+                    "under the case lock, checked by content hash); leave it out")
     return None
+
+
+def leaves_up_to_date_subtasks_out(argv) -> bool:
+    """Whether this command line runs tasks without ``--always-execute``.
+
+    Such a run need not declare a per-file task whose target exists: doit
+    would find it up to date by that target alone (``uptodate: [True]``, no
+    file_dep) and do nothing with it, yet each declared task costs doit a
+    task object, a dispatch and a status check, ~30 ms of an append's rebuild
+    for a 256-document case. Every other command (list, info, forget,
+    ignore, ...) and ``-a`` see every task."""
+    from doit.cmd_run import Run
+
+    command, found = _command_options(argv)
+    return command is Run and found is not None and "-a" not in found and "--always-execute" not in found
 
 
 #: The pid of the process that took this run's case lock, in the environment
@@ -468,6 +494,8 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     if problem is not None:
         sys.stderr.write(f"INVALID_ARGUMENT: {problem}\n")
         raise SystemExit(3)
+    global _UP_TO_DATE_SUBTASKS_LEFT_OUT
+    _UP_TO_DATE_SUBTASKS_LEFT_OUT = leaves_up_to_date_subtasks_out(argv)
     config = {
         "backend": "sqlite3",
         "dep_file": ":memory:",
@@ -524,6 +552,23 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
 
 
 _STARTED_BEFORE_ITS_CASE: tuple[str, str] | None = None
+_UP_TO_DATE_SUBTASKS_LEFT_OUT = False
+
+
+def declares_subtask(task_name: str, target: str) -> bool:
+    """Whether dodo.py declares this per-file task in this run (see
+    :func:`leaves_up_to_date_subtasks_out`): always, unless the run may leave
+    it out and its target exists, which makes it up to date. A task marked
+    by ``doit ignore`` is declared all the same: doit skips it, and with it
+    every step after it, which is what the mark asks for."""
+    if not _UP_TO_DATE_SUBTASKS_LEFT_OUT or not os.path.exists(target):
+        return True
+    from types import SimpleNamespace
+
+    from doit.globals import Globals
+
+    records = Globals.dep_manager
+    return records is None or bool(records.status_is_ignore(SimpleNamespace(name=task_name)))
 
 
 def lock_if_admitted_since_the_start(ws, case_id: str) -> None:

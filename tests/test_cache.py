@@ -665,6 +665,35 @@ def test_options_that_would_replace_the_build_record_are_refused(argv, option):
     assert (found is None) if option is None else found.startswith(f"--{option} is set by the builder"), found
 
 
+@pytest.mark.parametrize(
+    ("argv", "leaves_out"),
+    [
+        (["doit", "build", "case=c1"], True),
+        (["doit", "-f", "dodo.py", "-d", ".", "build", "case=c1", "workspace=w"], True),
+        (["doit", "run", "build", "case=c1"], True),
+        (["doit", "--reporter=json", "build", "case=c1"], True),
+        (["doit", "-n", "2", "build", "case=c1"], True),
+        (["doit", "-a", "build", "case=c1"], False),
+        (["doit", "--always-execute", "build", "case=c1"], False),
+        (["doit", "--always", "build", "case=c1"], False),  # getopt takes a prefix only one option has
+        (["doit", "run", "-a", "build", "case=c1"], False),
+        (["doit", "-f", "dodo.py", "-av", "2", "build", "case=c1"], False),  # grouped short options
+        (["doit", "-o", "-a", "build", "case=c1"], True),  # the value of an option that takes one
+        # After a task name it is that task's option: doit refuses the line, nothing runs.
+        (["doit", "build", "case=c1", "-a"], True),
+        (["doit", "list", "--all"], False),
+        (["doit", "info", "read_input:original/a.json", "case=c1"], False),
+        (["doit", "forget", "read_input", "case=c1"], False),
+        (["doit", "ignore", "read_input", "case=c1"], False),
+        (["doit", "help", "build"], False),
+    ],
+)
+def test_only_a_run_without_always_execute_leaves_up_to_date_subtasks_out(argv, leaves_out):
+    from pipeline.doitcli import leaves_up_to_date_subtasks_out
+
+    assert leaves_up_to_date_subtasks_out(argv) is leaves_out
+
+
 def test_a_backend_option_is_one_coded_line_and_leaves_the_dep_file_alone(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     doit = str(Path(sys.executable).parent / "doit")

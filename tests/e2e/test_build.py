@@ -162,6 +162,46 @@ def test_noop_rebuild_reuses_and_creates_no_generation(admitted):
     assert len(kit.manifests(ws, "c1")) == 2
 
 
+def _json_report(result) -> list[tuple[str, str]]:
+    """(task, result) of every task doit's JSON reporter lists: the tasks the run declared."""
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout[result.stdout.index('{"tasks"'):])
+    return [(task["name"], task["result"]) for task in report["tasks"]]
+
+
+def test_a_build_declares_only_the_per_file_tasks_that_have_work(tmp_path, admitted):
+    ws = admitted
+    documents = {"read_input:original/report-a.json", "read_input:original/report-b.json", "read_input:original/repro.json"}
+    opaque = {"hash_context:original/runtime.log", "hash_context:original/screen.png", "hash_context:original/db.sql",
+              "hash_context:original/notes.txt"}
+    first = dict(_json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws)))
+    assert {name for name in first if ":" in name} == documents | opaque
+    assert {first[name] for name in documents | opaque} == {"success"}
+    # A no-op: every per-file target exists, so doit is not given those tasks at all.
+    noop = _json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws))
+    assert [name for name, _ in noop if ":" in name] == []
+    assert {"read_input", "hash_context", "assemble", "publish"} <= {name for name, _ in noop}
+    # --always-execute still runs every one of them, as doit's own option promises.
+    always = dict(_json_report(kit.doit("-a", "--reporter=json", "build", "case=c1", workspace=ws)))
+    assert {name for name in always if ":" in name} == documents | opaque
+    # The other commands see every task: an up-to-date one is still one doit knows.
+    info = kit.doit("info", "read_input:original/report-a.json", "case=c1", workspace=ws)
+    assert info.returncode == 0 and "up-to-date" in info.stdout, info.stdout + info.stderr
+    listed = kit.doit("list", "--all", "case=c1", workspace=ws)
+    assert listed.returncode == 0 and "read_input:original/report-a.json" in listed.stdout, listed.stdout
+    # After an append, only the new document's task is declared, and it runs.
+    assert kit.doit("reopen", "case=c1", "by=human:alice", "reason=more", workspace=ws).returncode == 0
+    extra = kit.make_append(
+        tmp_path / "extra",
+        files={"original/report-c.json": kit.report("Third", observations=[{"text": "Third look"}])},
+        index=kit.index(reports=["original/report-c.json"]),
+    )
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    appended = _json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws))
+    assert [(name, result) for name, result in appended if ":" in name] == [("read_input:original/report-c.json", "success")]
+    assert ("publish", "success") in appended
+
+
 def test_a_workspace_reached_by_a_link_and_by_its_target_keeps_one_build_record(tmp_path, admitted):
     """doit records dependencies by absolute path: without resolving the
     root, each switch between the two paths ran assemble, render and
