@@ -162,6 +162,15 @@ def test_noop_rebuild_reuses_and_creates_no_generation(admitted):
     assert len(kit.manifests(ws, "c1")) == 2
 
 
+def _reopen_and_append_a_report(ws: Path, folder: Path, path: str) -> None:
+    """Reopen the built case c1 and append one new report at ``path``."""
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    extra = kit.make_append(folder, files={path: kit.report("Later", observations=[{"text": "Later look"}])},
+                            index=kit.index(reports=[path]))
+    appended = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert appended.returncode == 0, appended.stderr
+
+
 def _json_report(result) -> list[tuple[str, str]]:
     """(task, result) of every task doit's JSON reporter lists: the tasks the run declared."""
     assert result.returncode == 0, result.stderr
@@ -190,13 +199,7 @@ def test_a_build_declares_only_the_per_file_tasks_that_have_work(tmp_path, admit
     listed = kit.doit("list", "--all", "case=c1", workspace=ws)
     assert listed.returncode == 0 and "read_input:original/report-a.json" in listed.stdout, listed.stdout
     # After an append, only the new document's task is declared, and it runs.
-    assert kit.doit("reopen", "case=c1", "by=human:alice", "reason=more", workspace=ws).returncode == 0
-    extra = kit.make_append(
-        tmp_path / "extra",
-        files={"original/report-c.json": kit.report("Third", observations=[{"text": "Third look"}])},
-        index=kit.index(reports=["original/report-c.json"]),
-    )
-    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "extra", "original/report-c.json")
     appended = _json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws))
     assert [(name, result) for name, result in appended if ":" in name] == [("read_input:original/report-c.json", "success")]
     assert ("publish", "success") in appended
@@ -665,13 +668,7 @@ def test_publication_leaves_the_plan_current_for_the_next_build(tmp_path, admitt
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert json.loads(kit.unsealed(_plan_records(ws)["store-state.json"][1]))["reuse"] is True
     _assert_planned_once(ws)
-    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
-    extra = kit.make_append(
-        tmp_path / "app",
-        files={"original/report-y.json": kit.report("Later", observations=[{"text": "Later look"}])},
-        index=kit.index(reports=["original/report-y.json"]),
-    )
-    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "app", "original/report-y.json")
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
     _assert_planned_once(ws)
