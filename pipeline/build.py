@@ -734,6 +734,7 @@ def _snapshot(
     prior_document: bool = True,
     reread=None,
     reread_prior=None,
+    rehash=None,
 ) -> tuple[dict, bool]:
     """Gather the cached, verified inputs into the assembler's snapshot; also
     say whether it holds no float (then neither does the case it assembles).
@@ -743,8 +744,10 @@ def _snapshot(
     and ``carried_refs`` are the files their reproductions reference.
     Without ``prior_document`` the prior case is referenced but not read
     (its ids then come from the carried state). ``reread(doc)`` reads an
-    input again whose cached record is damaged, ``reread_prior()`` the prior
-    case's view (the cache is disposable)."""
+    input again whose cached record is damaged or missing, ``rehash(ref)``
+    verifies an opaque file whose record is missing, ``reread_prior()``
+    derives the prior case's view again (the cache is disposable: its
+    records may go while a build runs, after doit passed over their tasks)."""
     from .jsoncanon import float_free
 
     documents = {}
@@ -759,10 +762,10 @@ def _snapshot(
         record_path = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
         try:
             record = cache.read_json_fast(record_path)
-        except FileNotFoundError:
-            raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"]) from None
-        except IntegrityError:
+        except (FileNotFoundError, IntegrityError) as error:
             if reread is None:
+                if isinstance(error, FileNotFoundError):
+                    raise CaseBuildError("INTEGRITY_ERROR", "a planned document was not read", path=doc["path"]) from None
                 raise
             reread(doc)
             record = cache.read_json_fast(record_path)
@@ -799,7 +802,9 @@ def _snapshot(
         documents[doc["path"]] = {**{k: doc[k] for k in ("path", "sha256", "size", "seq")}, **body}
     for ref in plan["opaque"]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
-            raise CaseBuildError("INTEGRITY_ERROR", "a planned file was not hashed", path=ref["path"])
+            if rehash is None:
+                raise CaseBuildError("INTEGRITY_ERROR", "a planned file was not hashed", path=ref["path"])
+            rehash(ref)
 
     roles = plan["roles"]
 
@@ -998,10 +1003,14 @@ def step_assemble(workspace_root, case_id) -> None:
         _write_output(cache, cache.case_json, data)
         return
     start = _splice_start(cache, plan)
-    reread, reread_prior = _rereader(workspace_root, case_id, plan), _prior_rereader(workspace_root, case_id, plan)
-    if start is not None and _assemble_spliced(cache, plan, *start, reread=reread, reread_prior=reread_prior):
+    again = {
+        "reread": _rereader(workspace_root, case_id, plan),
+        "reread_prior": _prior_rereader(workspace_root, case_id, plan),
+        "rehash": _rehasher(workspace_root, case_id, plan),
+    }
+    if start is not None and _assemble_spliced(cache, plan, *start, **again):
         return
-    snapshot, snapshot_float_free = _snapshot(cache, plan, reread=reread, reread_prior=reread_prior)
+    snapshot, snapshot_float_free = _snapshot(cache, plan, **again)
     case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
@@ -1037,6 +1046,16 @@ def _rereader(workspace_root, case_id: str, plan: dict):
         )
 
     return reread
+
+
+def _rehasher(workspace_root, case_id: str, plan: dict):
+    """Verifies one planned opaque file again, as its hash_context task does,
+    when its record is missing."""
+
+    def rehash(ref: dict) -> None:
+        step_hash_context(workspace_root, case_id, plan["package_id"], ref["path"], ref["sha256"], ref["size"])
+
+    return rehash
 
 
 def _prior_rereader(workspace_root, case_id: str, plan: dict):
@@ -1135,6 +1154,7 @@ def _assemble_spliced(
     needs_prior: bool,
     reread,
     reread_prior,
+    rehash,
 ) -> bool:
     """Assemble only the documents after the carried ones and splice the
     previous case's records in front (:mod:`pipeline.splice`). False when the
@@ -1145,7 +1165,8 @@ def _assemble_spliced(
     from .splice import splice_case
 
     try:
-        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior, reread=reread, reread_prior=reread_prior)
+        snapshot, _ = _snapshot(cache, plan, carried_paths, carried["referenced"], prior_document=needs_prior, reread=reread, reread_prior=reread_prior,
+                                rehash=rehash)
         part = assemble(snapshot, owned=True, carried=carried)
         part_bytes = pretty_bytes(part)
         data = splice_case(previous_case, part_bytes)

@@ -19,6 +19,7 @@ lives here:
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import gc
 import hashlib
@@ -300,12 +301,17 @@ def argument_problem(variables, argv) -> str | None:
     return None
 
 
-def _command_options(argv):
-    """(doit command class, the options given to it) as doit finds them: its
+def replaced_build_record_option(argv) -> str | None:
+    """doit's options that would replace how the build is recorded, or None.
+
+    ``--backend``, ``--db-file`` and ``--check_file_uptodate`` override
+    DOIT_CONFIG: another backend opens the case's sqlite3 dep file as its own
+    (a traceback, or the dbm file RELIABILITY 35 rules out), another file
+    leaves the case lock's protection, and doit's own checkers trust
+    modification times (RELIABILITY 43). Found as doit finds them: its
     loader options first, its variables set aside, then the command's own
     options through getopt, which takes a prefix only one of that command's
-    options has and the value after an option that takes one. The options
-    are None when doit refuses the command line itself."""
+    options has and the value after an option that takes one."""
     import getopt
 
     from doit.cmd_base import DodoTaskLoader, DoitCmdBase
@@ -316,6 +322,7 @@ def _command_options(argv):
         found = CmdParse([CmdOption(option) for option in options])
         return found.get_short(), found.get_long()
 
+    fixed = {f"--{option['long']}" for option in DoitCmdBase.base_options if option.get("long")}
     args = list(argv[1:])
     try:
         _, args = getopt.getopt(args, *parser(DodoTaskLoader.cmd_options))
@@ -329,48 +336,16 @@ def _command_options(argv):
     else:
         args = args[1:]
     if not issubclass(command, DoitCmdBase):
-        return command, []
+        return None  # no dep file of the builder's is opened
     try:
         found, _ = getopt.getopt(args, *parser((*DoitCmdBase.base_options, *DodoTaskLoader.cmd_options, *command.cmd_options)))
     except getopt.GetoptError:
-        return command, None
-    return command, [option for option, _ in found]
-
-
-def replaced_build_record_option(argv) -> str | None:
-    """doit's options that would replace how the build is recorded, or None.
-
-    ``--backend``, ``--db-file`` and ``--check_file_uptodate`` override
-    DOIT_CONFIG: another backend opens the case's sqlite3 dep file as its own
-    (a traceback, or the dbm file RELIABILITY 35 rules out), another file
-    leaves the case lock's protection, and doit's own checkers trust
-    modification times (RELIABILITY 43)."""
-    from doit.cmd_base import DoitCmdBase
-
-    command, found = _command_options(argv)
-    if not issubclass(command, DoitCmdBase) or found is None:
-        return None  # no dep file of the builder's is opened, or doit refuses the line itself
-    fixed = {f"--{option['long']}" for option in DoitCmdBase.base_options if option.get("long")}
-    for option in found:
+        return None  # doit refuses the command line itself
+    for option, _ in found:
         if option in fixed:
-            return (f"{option} is set by the builder (one sqlite3 dep file per case, "
-                    "under the case lock, checked by content hash); leave it out")
+            return (f"{option} is set by the builder (one sqlite3 dep file per case, under the case lock, "
+                    "checked by content hash); leave it out")
     return None
-
-
-def leaves_up_to_date_subtasks_out(argv) -> bool:
-    """Whether this command line runs tasks without ``--always-execute``.
-
-    Such a run need not declare a per-file task whose target exists: doit
-    would find it up to date by that target alone (``uptodate: [True]``, no
-    file_dep) and do nothing with it, yet each declared task costs doit a
-    task object, a dispatch and a status check, ~30 ms of an append's rebuild
-    for a 256-document case. Every other command (list, info, forget,
-    ignore, ...) and ``-a`` see every task."""
-    from doit.cmd_run import Run
-
-    command, found = _command_options(argv)
-    return command is Run and found is not None and "-a" not in found and "--always-execute" not in found
 
 
 #: The pid of the process that took this run's case lock, in the environment
@@ -494,8 +469,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     if problem is not None:
         sys.stderr.write(f"INVALID_ARGUMENT: {problem}\n")
         raise SystemExit(3)
-    global _UP_TO_DATE_SUBTASKS_LEFT_OUT
-    _UP_TO_DATE_SUBTASKS_LEFT_OUT = leaves_up_to_date_subtasks_out(argv)
+    _note_what_each_run_selects()
     config = {
         "backend": "sqlite3",
         "dep_file": ":memory:",
@@ -552,23 +526,74 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
 
 
 _STARTED_BEFORE_ITS_CASE: tuple[str, str] | None = None
-_UP_TO_DATE_SUBTASKS_LEFT_OUT = False
+#: (always-execute, the task names selected) of the doit ``run`` under way in
+#: this context, set by :func:`_note_what_each_run_selects`; None outside one.
+_RUN_SELECTION: contextvars.ContextVar[tuple[bool, tuple[str, ...]] | None] = contextvars.ContextVar(
+    "viano_run_selection", default=None
+)
+_PER_FILE_GROUPS = ("read_input", "hash_context")
 
 
 def declares_subtask(task_name: str, target: str) -> bool:
-    """Whether dodo.py declares this per-file task in this run (see
-    :func:`leaves_up_to_date_subtasks_out`): always, unless the run may leave
-    it out and its target exists, which makes it up to date. A task marked
-    by ``doit ignore`` is declared all the same: doit skips it, and with it
-    every step after it, which is what the mark asks for."""
-    if not _UP_TO_DATE_SUBTASKS_LEFT_OUT or not os.path.exists(target):
-        return True
-    from types import SimpleNamespace
+    """Whether dodo.py gives doit this per-file task (``read_input:PATH`` or
+    ``hash_context:PATH``: ``uptodate: [True]``, one target, no file_dep).
 
+    A run judges such a task up to date by its target alone: the target
+    exists, and no ``doit ignore`` mark or record of another file checker
+    says otherwise (doit's ``Dependency.get_status``). Such a task is left
+    out of a run, where doit would only check it and pass over it: each task
+    given to doit costs a task object, a dispatch and a status check, ~30 ms
+    of an append's rebuild for a 256-document case here. Declared all the
+    same: in every command but ``run`` (list, info, forget, ignore, ...), in
+    a run that executes everything (``-a``/``--always-execute``, or
+    ``always`` from a doit config file) and in one that names a per-file
+    task on its command line. A record that goes missing after this check
+    is made again by assemble (:func:`pipeline.build._snapshot`)."""
+    selection = _RUN_SELECTION.get()
+    if selection is None or not os.path.exists(target):
+        return True
+    always, selected = selection
+    if always or any(name.startswith(_PER_FILE_GROUPS) and ":" in name for name in selected):
+        return True
     from doit.globals import Globals
 
     records = Globals.dep_manager
-    return records is None or bool(records.status_is_ignore(SimpleNamespace(name=task_name)))
+    stored = getattr(records, "_get", None)
+    if records is None or stored is None:
+        return True
+    if stored(task_name, "ignore:"):
+        return True  # doit skips it, and with it every step after it
+    checker = stored(task_name, "checker:")
+    return bool(checker) and checker != records.checker.__class__.__name__
+
+
+def _note_what_each_run_selects() -> None:
+    """Let :func:`declares_subtask` see the options a doit run resolved
+    (command line and config files alike) and the tasks it selected, by
+    adapting doit's ``Run._execute`` (doit calls it with keyword arguments
+    named after its signature, which ``functools.wraps`` keeps). Left as
+    doit has it where it is not what this was written against (doit
+    0.36-0.37): then every task is declared."""
+    import inspect
+
+    from doit.cmd_run import Run
+
+    execute = Run._execute
+    if getattr(execute, "viano_noted", False) or "always" not in inspect.signature(execute).parameters:
+        return
+
+    @functools.wraps(execute)
+    def _execute(self, *args, **kwargs):
+        bound = inspect.signature(execute).bind(self, *args, **kwargs)
+        selected = tuple(name for name in (getattr(self, "sel_tasks", None) or ()) if isinstance(name, str))
+        token = _RUN_SELECTION.set((bool(bound.arguments.get("always", False)), selected))
+        try:
+            return execute(self, *args, **kwargs)
+        finally:
+            _RUN_SELECTION.reset(token)
+
+    _execute.viano_noted = True
+    Run._execute = _execute
 
 
 def lock_if_admitted_since_the_start(ws, case_id: str) -> None:

@@ -665,33 +665,49 @@ def test_options_that_would_replace_the_build_record_are_refused(argv, option):
     assert (found is None) if option is None else found.startswith(f"--{option} is set by the builder"), found
 
 
+class _Records:
+    """doit's dependency manager as declares_subtask reads it."""
+
+    class ContentHashChecker:
+        pass
+
+    def __init__(self, stored: dict):
+        self.stored = stored
+        self.checker = self.ContentHashChecker()
+
+    def _get(self, task_name, key):
+        return self.stored.get((task_name, key))
+
+
 @pytest.mark.parametrize(
-    ("argv", "leaves_out"),
+    ("selection", "stored", "exists", "declared"),
     [
-        (["doit", "build", "case=c1"], True),
-        (["doit", "-f", "dodo.py", "-d", ".", "build", "case=c1", "workspace=w"], True),
-        (["doit", "run", "build", "case=c1"], True),
-        (["doit", "--reporter=json", "build", "case=c1"], True),
-        (["doit", "-n", "2", "build", "case=c1"], True),
-        (["doit", "-a", "build", "case=c1"], False),
-        (["doit", "--always-execute", "build", "case=c1"], False),
-        (["doit", "--always", "build", "case=c1"], False),  # getopt takes a prefix only one option has
-        (["doit", "run", "-a", "build", "case=c1"], False),
-        (["doit", "-f", "dodo.py", "-av", "2", "build", "case=c1"], False),  # grouped short options
-        (["doit", "-o", "-a", "build", "case=c1"], True),  # the value of an option that takes one
-        # After a task name it is that task's option: doit refuses the line, nothing runs.
-        (["doit", "build", "case=c1", "-a"], True),
-        (["doit", "list", "--all"], False),
-        (["doit", "info", "read_input:original/a.json", "case=c1"], False),
-        (["doit", "forget", "read_input", "case=c1"], False),
-        (["doit", "ignore", "read_input", "case=c1"], False),
-        (["doit", "help", "build"], False),
+        (None, {}, True, True),  # not in a doit run: list, info, forget, ignore, another program
+        ((False, ("build",)), {}, True, False),  # a run passes over it: left out
+        ((False, ("build",)), {}, False, True),  # its record is missing: it has work
+        ((True, ("build",)), {}, True, True),  # -a, or always from a config file
+        ((False, ("read_input:original/a.json",)), {}, True, True),  # named on the command line
+        ((False, ("hash_context:original/*",)), {}, True, True),
+        ((False, ("read_input",)), {}, True, False),  # the group alone names no file
+        ((False, ("build",)), {("read_input:original/a.json", "ignore:"): "1"}, True, True),
+        ((False, ("build",)), {("read_input:original/a.json", "checker:"): "MD5Checker"}, True, True),
+        ((False, ("build",)), {("read_input:original/a.json", "checker:"): "ContentHashChecker"}, True, False),
     ],
 )
-def test_only_a_run_without_always_execute_leaves_up_to_date_subtasks_out(argv, leaves_out):
-    from pipeline.doitcli import leaves_up_to_date_subtasks_out
+def test_a_per_file_task_is_left_out_only_where_doit_would_pass_over_it(tmp_path, monkeypatch, selection, stored, exists, declared):
+    from doit.globals import Globals
 
-    assert leaves_up_to_date_subtasks_out(argv) is leaves_out
+    from pipeline import doitcli
+
+    target = tmp_path / "record.json"
+    if exists:
+        target.write_text("{}")
+    monkeypatch.setattr(Globals, "dep_manager", _Records(stored))
+    token = doitcli._RUN_SELECTION.set(selection)
+    try:
+        assert doitcli.declares_subtask("read_input:original/a.json", str(target)) is declared
+    finally:
+        doitcli._RUN_SELECTION.reset(token)
 
 
 def test_a_backend_option_is_one_coded_line_and_leaves_the_dep_file_alone(tmp_path):

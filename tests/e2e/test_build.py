@@ -6,12 +6,15 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.jsoncanon import resolve_pointer
+from tests.conftest import REPO, doit_env
 from tests.e2e import kit
 
 
@@ -171,6 +174,14 @@ def _reopen_and_append_a_report(ws: Path, folder: Path, path: str) -> None:
     assert appended.returncode == 0, appended.stderr
 
 
+#: The per-file tasks of standard_package's case.
+_PER_FILE_TASKS = {
+    "read_input:original/report-a.json", "read_input:original/report-b.json", "read_input:original/repro.json",
+    "hash_context:original/runtime.log", "hash_context:original/screen.png", "hash_context:original/db.sql",
+    "hash_context:original/notes.txt",
+}
+
+
 def _json_report(result) -> list[tuple[str, str]]:
     """(task, result) of every task doit's JSON reporter lists: the tasks the run declared."""
     assert result.returncode == 0, result.stderr
@@ -180,19 +191,16 @@ def _json_report(result) -> list[tuple[str, str]]:
 
 def test_a_build_declares_only_the_per_file_tasks_that_have_work(tmp_path, admitted):
     ws = admitted
-    documents = {"read_input:original/report-a.json", "read_input:original/report-b.json", "read_input:original/repro.json"}
-    opaque = {"hash_context:original/runtime.log", "hash_context:original/screen.png", "hash_context:original/db.sql",
-              "hash_context:original/notes.txt"}
     first = dict(_json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws)))
-    assert {name for name in first if ":" in name} == documents | opaque
-    assert {first[name] for name in documents | opaque} == {"success"}
+    assert {name for name in first if ":" in name} == _PER_FILE_TASKS
+    assert {first[name] for name in _PER_FILE_TASKS} == {"success"}
     # A no-op: every per-file target exists, so doit is not given those tasks at all.
     noop = _json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws))
     assert [name for name, _ in noop if ":" in name] == []
     assert {"read_input", "hash_context", "assemble", "publish"} <= {name for name, _ in noop}
     # --always-execute still runs every one of them, as doit's own option promises.
     always = dict(_json_report(kit.doit("-a", "--reporter=json", "build", "case=c1", workspace=ws)))
-    assert {name for name in always if ":" in name} == documents | opaque
+    assert {name for name in always if ":" in name} == _PER_FILE_TASKS
     # The other commands see every task: an up-to-date one is still one doit knows.
     info = kit.doit("info", "read_input:original/report-a.json", "case=c1", workspace=ws)
     assert info.returncode == 0 and "up-to-date" in info.stdout, info.stdout + info.stderr
@@ -203,6 +211,113 @@ def test_a_build_declares_only_the_per_file_tasks_that_have_work(tmp_path, admit
     appended = _json_report(kit.doit("--reporter=json", "build", "case=c1", workspace=ws))
     assert [(name, result) for name, result in appended if ":" in name] == [("read_input:original/report-c.json", "success")]
     assert ("publish", "success") in appended
+
+
+def test_a_doit_config_file_that_says_always_runs_every_per_file_task(tmp_path, admitted):
+    """doit takes ``always`` from doit.cfg (or pyproject.toml's [tool.doit])
+    in its working folder as from ``-a`` (found by session 20's review)."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    folder = tmp_path / "configured"
+    folder.mkdir()
+    (folder / "doit.cfg").write_text("[run]\nalways = True\n", encoding="utf-8")
+    always = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "--reporter=json", "build", "case=c1", f"workspace={ws}"],
+                            cwd=folder, capture_output=True, text=True, env=doit_env(), timeout=120)
+    ran = dict(_json_report(always))
+    assert {name for name, result in ran.items() if ":" in name and result == "success"} == _PER_FILE_TASKS
+
+
+def test_a_per_file_task_named_on_the_command_line_is_declared(admitted):
+    """Named, an up-to-date per-file task is reported up to date, not as run
+    (found by session 20's review)."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    for args in (["read_input:original/report-a.json"], ["-s", "hash_context:original/db.sql"]):
+        named = _json_report(kit.doit("--reporter=json", *args, "case=c1", workspace=ws))
+        assert (args[-1], "up-to-date") in named
+
+
+_ANOTHER_PROGRAM = """
+import sys
+from doit.doit_cmd import DoitMain
+dodo, ws, command = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.argv = ["another-program"]  # its own command line says nothing of doit's
+sys.exit(DoitMain().run(["-f", dodo, *command, "case=c1", f"workspace={ws}"]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["-a", "--reporter=json", "build"], "every per-file task run"),
+        (["list", "--all"], "read_input:original/report-a.json"),
+        (["info", "read_input:original/report-a.json"], "up-to-date"),
+    ],
+)
+def test_doit_run_inside_another_program_sees_every_per_file_task(admitted, command, expected):
+    """doit's API in another program (found by session 20's review: the
+    command line it looked at was the program's own)."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    result = subprocess.run([sys.executable, "-c", _ANOTHER_PROGRAM, str(REPO / "dodo.py"), str(ws), *command],
+                            cwd=REPO, capture_output=True, text=True, env=doit_env(), timeout=120)
+    if command[-1] == "build":
+        ran = dict(_json_report(result))
+        assert {name for name, outcome in ran.items() if ":" in name and outcome == "success"} == _PER_FILE_TASKS
+    else:
+        assert result.returncode == 0 and expected in result.stdout, result.stdout + result.stderr
+
+
+def test_records_gone_after_doit_passed_over_their_tasks_are_made_again_by_assemble(tmp_path, admitted):
+    """The cache is disposable: a record removed after doit judged its task
+    (up to date, or just run) is made again in assemble, whole or spliced
+    (found by session 20's review: the build failed with INTEGRITY_ERROR)."""
+    ws = admitted
+    clean = tmp_path / "clean"
+    assert kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'src2')}", workspace=clean).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=clean).returncode == 0
+    _reopen_and_append_a_report(clean, tmp_path / "clean-app", "original/report-y.json")
+    assert kit.doit("build", "case=c1", workspace=clean).returncode == 0
+
+    def build_removing_records_at_assemble(*patterns: str) -> subprocess.CompletedProcess:
+        steps = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}"
+        steps.mkdir()
+        child = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), "build:assemble", str(steps),
+             "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (steps / "build:assemble.ready").exists():
+                assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+                time.sleep(0.01)
+            for pattern in patterns:
+                removed = [path for path in (ws / ".cache" / "c1").glob(pattern) if path.is_file()]
+                assert removed, pattern
+                for path in removed:
+                    path.unlink()
+            (steps / "build:assemble.go").touch()
+            out, err = child.communicate(timeout=120)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+    # A first build assembles the whole case: every input and opaque record removed.
+    first = build_removing_records_at_assemble("documents/*/*.i16384.json", "opaque/*.json")
+    assert first.returncode == 0, first.stderr
+    assert all(path.is_file() for path in (ws / ".cache" / "c1" / "opaque").iterdir())
+    _reopen_and_append_a_report(ws, tmp_path / "app", "original/report-y.json")
+    # An append rebuild splices: the new report's record and the opaque ones removed.
+    second = build_removing_records_at_assemble("documents/*/*.report.*.json", "opaque/*.json")
+    assert second.returncode == 0, second.stderr
+    assert " new input(s) appended to the " in second.stderr, second.stderr
+    revisions = kit.package_dir(ws, "c1") / "content" / "case" / "revisions"
+    clean_revisions = kit.package_dir(clean, "c1") / "content" / "case" / "revisions"
+    for name in ("0001/case.json", "0001/case_summary.md", "0002/case.json", "0002/case_summary.md"):
+        assert (revisions / name).read_bytes() == (clean_revisions / name).read_bytes(), name
 
 
 def test_a_workspace_reached_by_a_link_and_by_its_target_keeps_one_build_record(tmp_path, admitted):
