@@ -34,6 +34,7 @@ ERROR_CODES: dict[str, str] = {
     "INSUFFICIENT_DISK": "not enough free disk space for the admission",
     "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed",
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
+    "UNSUPPORTED_ENVIRONMENT": "Python's file-system encoding is not UTF-8 (a non-UTF-8 locale, or PYTHONUTF8=0 under the C locale): file names could not be kept as packages name them",
     # archive admission (RELIABILITY.md 1-17)
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
     "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is flagged UTF-8 but is not (a name without the flag is read as code page 437, as the ZIP format defines), holds backslashes, drive letters, NUL, control or bidi characters or empty/. parts, or is too deep or long",

@@ -11,6 +11,7 @@ one machine with ``flock`` (RELIABILITY.md 32-33).
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import functools
@@ -18,6 +19,7 @@ import fcntl
 import os
 import re
 import stat
+import sys
 import threading
 import time
 import unicodedata
@@ -144,6 +146,23 @@ def user_path(value: str) -> Path:
     return Path(start or os.getcwd()) / path
 
 
+def _require_utf8_file_names() -> None:
+    """Every name a package holds is UTF-8 (ZIP names flagged so, JSON
+    paths, directory names checked on admission), and the workspace keeps it
+    as those bytes. Python turns a name into bytes with its file-system
+    encoding: under another one (a Latin-1 locale, or ``PYTHONUTF8=0`` under
+    the C locale) ``café.json`` would be written as other bytes, refused as
+    not UTF-8, or fail with a traceback. Refused at once instead, wherever a
+    workspace is opened (every command and the Python API); Python chooses
+    UTF-8 itself under the C and POSIX locales unless told not to."""
+    encoding = sys.getfilesystemencoding()
+    if codecs.lookup(encoding).name != "utf-8":
+        raise VianoError(
+            "UNSUPPORTED_ENVIRONMENT",
+            f"Python's file-system encoding is {encoding}, not UTF-8: run under a UTF-8 locale, or set PYTHONUTF8=1",
+        )
+
+
 class Workspace(FrozenRecord):
     """Where one workspace lives and how its parts are laid out (ARCHITECTURE.md section 3).
 
@@ -155,6 +174,7 @@ class Workspace(FrozenRecord):
     root: Path
 
     def __init__(self, root) -> None:
+        _require_utf8_file_names()
         object.__setattr__(self, "root", Path(os.path.abspath(os.fspath(root))))
 
     @classmethod

@@ -270,3 +270,45 @@ def test_42_an_input_changed_while_its_task_reads_it_is_an_integrity_error(tmp_p
     assert lines[0].endswith("(original/report-a.json)"), lines[0]
     assert kit.tree_digest(ws / "cases") == before
     assert len(kit.manifests(ws, "c1")) == 1
+
+
+def test_a_file_system_encoding_other_than_utf8_is_refused_before_anything_changes(tmp_path):
+    """Under PYTHONUTF8=0 and the C locale Python names files in ASCII: a
+    package's ``café.json`` was refused as not UTF-8 from a directory, and a
+    traceback from a ZIP, a build or status (found by session 20's review)."""
+    ws = tmp_path / "ws"
+    source = kit.make_package(
+        tmp_path / "src",
+        files={"original/café.json": kit.report("Café", observations=[{"text": "It stays off"}])},
+        index=kit.index(reports=["original/café.json"]),
+    )
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws, skip_cache=False)
+    ascii_names = {"LC_ALL": "C", "PYTHONUTF8": "0"}
+    commands = [
+        ("admit", "case=c2", f"source={source}"),
+        ("build", "case=c1"),
+        ("status", "case=c1"),
+        ("append", "case=c1", f"source={tmp_path / 'src'}"),
+        ("export", "case=c1", f"dest={tmp_path / 'out'}"),
+    ]
+    for command in commands:
+        refused = kit.doit(*command, workspace=ws, env_extra=ascii_names)
+        assert refused.returncode == 1, (command, refused.stderr)
+        assert refused.stderr.splitlines() == [
+            "UNSUPPORTED_ENVIRONMENT: Python's file-system encoding is ascii, not UTF-8: "
+            "run under a UTF-8 locale, or set PYTHONUTF8=1"
+        ], (command, refused.stderr)
+        assert refused.stdout == ""
+    assert kit.tree_digest(ws, skip_cache=False) == before
+    assert not (tmp_path / "out").exists()
+    api = subprocess.run(
+        ["python", "-c", "from pipeline.workspace import Workspace\n"
+         "try:\n    Workspace('service-data')\nexcept Exception as error:\n    print(error.code)"],
+        cwd=REPO, capture_output=True, text=True, env=doit_env(**ascii_names), timeout=60,
+    )
+    assert api.stdout == "UNSUPPORTED_ENVIRONMENT\n", api.stderr
+    # Under the C locale alone Python uses UTF-8 itself: the build goes on.
+    assert kit.doit("build", "case=c1", workspace=ws, env_extra={"LC_ALL": "C"}).returncode == 0
