@@ -9,6 +9,8 @@ and tests match on them, so a code is never renamed or reused.
 
 from __future__ import annotations
 
+from .unicode14 import is_printable
+
 __all__ = [
     "ERROR_CODES",
     "VianoError",
@@ -37,7 +39,7 @@ ERROR_CODES: dict[str, str] = {
     "UNSUPPORTED_ENVIRONMENT": "Python's file-system encoding is not UTF-8 (a non-UTF-8 locale, or PYTHONUTF8=0 under the C locale): file names could not be kept as packages name them",
     # archive admission (RELIABILITY.md 1-17)
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
-    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is flagged UTF-8 but is not (a name without the flag is read as code page 437, as the ZIP format defines), holds backslashes, drive letters, NUL, control or bidi characters or empty/. parts, or is too deep or long",
+    "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is flagged UTF-8 but is not (a name without the flag is read as code page 437, as the ZIP format defines), holds backslashes, drive letters, NUL, control or bidi characters, characters Unicode 14.0 does not assign, or empty/. parts, or is too deep or long",
     "ZIP_DUPLICATE_NAME": "two entries share a name",
     "ZIP_NAME_COLLISION": "two entry names are equal after Unicode NFC and case folding",
     "ZIP_SPECIAL_FILE": "an entry is a symlink, FIFO or device",
@@ -49,7 +51,7 @@ ERROR_CODES: dict[str, str] = {
     "ZIP_TOO_MANY_ENTRIES": "the archive holds more entries than allowed",
     "ZIP_CRC_MISMATCH": "an entry's content does not match its CRC-32",
     "RESERVED_PATH": "a package or append source holds content under a reserved prefix (case/, inputs/), or an append source holds a manifest.json",
-    "SOURCE_UNSAFE_NAME": "a directory-source file name is not UTF-8 or holds control, bidi or NUL characters, empty/./.. parts, or is too long or deep",
+    "SOURCE_UNSAFE_NAME": "a directory-source file name is not UTF-8 or holds control, bidi or NUL characters, characters Unicode 14.0 does not assign, empty/./.. parts, or is too long or deep",
     "SOURCE_NAME_COLLISION": "two directory-source names, or an appended name and one already in the package, are equal after Unicode NFC and case folding, or a name is both file and directory",
     "INDEX_MISSING": "an append source has no case-inputs.json at its root",
     # manifests and packages
@@ -100,7 +102,7 @@ def one_line(text: str, limit: int = 300) -> str:
     for ch in text:
         if ch == "\\":
             out.append("\\\\")
-        elif ch.isprintable():
+        elif is_printable(ch):  # by Unicode 14.0 on every Python: the same message everywhere
             out.append(ch)
         elif "\udc80" <= ch <= "\udcff":
             # A byte that is not UTF-8, as a file name carries it (surrogateescape): shown as the byte.

@@ -1142,7 +1142,7 @@ def _write_new(path: Path, data: bytes, *, fsync: bool, what: str = "writing the
 
 
 def _check_reserved(paths) -> None:
-    for rel in paths:
+    for rel in sorted(paths):  # the first in name order, whatever order the source lists them in
         if fold_name(rel.split("/", 1)[0]) in RESERVED_PREFIXES and "/" in rel:
             raise AdmissionError(
                 "RESERVED_PATH", f"content under {rel.split('/', 1)[0]}/ is reserved for the case builder", path=rel

@@ -34,6 +34,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
+from . import unicode14
 from .errors import AdmissionError
 
 __all__ = [
@@ -136,7 +137,9 @@ def name_problem(name: str) -> str | None:
 
     Refused: empty; NUL; backslash; absolute (``/x``, ``//host/x``); a drive
     (``C:/x``, ``C:x``); an empty, ``.`` or ``..`` part; control, format (bidi,
-    zero-width), surrogate or line/paragraph-separator characters; a part over
+    zero-width), surrogate or line/paragraph-separator characters, and
+    characters Unicode 14.0 does not assign (later versions made some of them
+    format characters; :mod:`pipeline.unicode14`); a part over
     :data:`MAX_PART_BYTES` UTF-8 bytes; more than :data:`MAX_NAME_DEPTH` parts
     or :data:`MAX_NAME_BYTES` in all. Everything accepted here is also a valid
     content reference for :func:`pipeline.workspace.check_reference`, which
@@ -159,9 +162,14 @@ def name_problem(name: str) -> str | None:
         if control is not None:
             return f"control or format character U+{ord(control.group()):04X} in name"
     else:
+        # By Unicode 14.0's categories on every Python (pipeline/unicode14.py):
+        # whether a name is admitted must not depend on the Python that runs.
         for ch in name:
-            if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            kind = unicode14.category(ch)
+            if kind in _FORBIDDEN_CATEGORIES:
                 return f"control or format character U+{ord(ch):04X} in name"
+            if kind == "Cn":
+                return f"character U+{ord(ch):04X} unassigned in Unicode {unicode14.UNICODE_VERSION} in name"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"longer than {MAX_NAME_BYTES} bytes"
     parts = name.split("/")
@@ -597,9 +605,14 @@ class ZipArchive:
 
     # -- names and policy -----------------------------------------------------
 
+    def _in_name_order(self) -> list:
+        """The entries by name: a refusal names the first problem in name
+        order, the same whatever order the archive lists its entries in."""
+        return sorted(self.entries, key=lambda entry: (entry.name, entry.is_dir))
+
     def _check_names(self) -> None:
         registry = NameRegistry("ZIP_DUPLICATE_NAME", "ZIP_NAME_COLLISION")
-        for entry in self.entries:
+        for entry in self._in_name_order():
             problem = name_problem(entry.name)
             if problem:
                 raise AdmissionError("ZIP_UNSAFE_PATH", problem, path=entry.name + ("/" if entry.is_dir else ""))
@@ -607,7 +620,8 @@ class ZipArchive:
 
     def _check_policy(self) -> None:
         limits = self.limits
-        for entry in self.entries:
+        ordered = self._in_name_order()
+        for entry in ordered:
             label = entry.name
             if entry.flags & (_FLAG_ENCRYPTED | _FLAG_STRONG_ENCRYPTION | _FLAG_MASKED_HEADERS) or entry.method == _AES:
                 raise AdmissionError("ZIP_ENCRYPTED", "entry is encrypted", path=label)
@@ -632,7 +646,7 @@ class ZipArchive:
             if entry.method == _STORED and entry.compressed_size != entry.file_size:
                 raise _invalid("stored entry whose sizes differ", label)
         total = 0
-        for entry in self.entries:
+        for entry in ordered:
             if entry.file_size > limits.max_entry_bytes:
                 raise AdmissionError(
                     "ZIP_TOO_LARGE",
@@ -645,7 +659,7 @@ class ZipArchive:
                 "ZIP_TOO_LARGE", f"entries declare {total} bytes in all, limit {limits.max_total_bytes}", path=self.label
             )
         self.total_size = total
-        for entry in self.entries:
+        for entry in ordered:
             if entry.file_size > limits.ratio_min_bytes and entry.file_size > limits.max_ratio * entry.compressed_size:
                 ratio = entry.file_size / max(entry.compressed_size, 1)
                 raise AdmissionError(

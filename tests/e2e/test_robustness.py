@@ -312,3 +312,31 @@ def test_a_file_system_encoding_other_than_utf8_is_refused_before_anything_chang
     assert api.stdout == "UNSUPPORTED_ENVIRONMENT\n", api.stderr
     # Under the C locale alone Python uses UTF-8 itself: the build goes on.
     assert kit.doit("build", "case=c1", workspace=ws, env_extra={"LC_ALL": "C"}).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"case/x.txt": b"1", "inputs/y.txt": b"2"},  # two reserved paths
+        {"original/a\u200b.txt": b"1", "original/b\u200c.txt": b"2"},  # two unsafe names
+        {"original/A.txt": b"1", "original/a.txt": b"2", "original/B.txt": b"3", "original/b.txt": b"4"},  # two collisions
+    ],
+)
+def test_a_zip_is_refused_for_the_same_problem_whatever_the_order_of_its_entries(tmp_path, files):
+    """Found by session 20's determinism review: the first problem in the
+    archive's own order was named, so the same files gave other refusals."""
+    import zipfile
+
+    source = kit.make_package(tmp_path / "src", files={**files, "original/r.json": kit.report("t")},
+                              index=kit.index(reports=["original/r.json"]))
+    names = sorted(path.relative_to(source).as_posix() for path in source.rglob("*") if path.is_file())
+    refusals = set()
+    for tag, order in (("forward", names), ("reverse", names[::-1])):
+        archive = tmp_path / f"{tag}.zip"
+        with zipfile.ZipFile(archive, "w") as writing:
+            for name in order:
+                writing.write(source / name, name)
+        refused = kit.doit("admit", "case=c1", f"source={archive}", workspace=tmp_path / f"ws-{tag}")
+        assert refused.returncode == 1, refused.stderr
+        refusals.add(refused.stderr.replace(str(archive), "ARCHIVE"))
+    assert len(refusals) == 1, refusals
