@@ -452,8 +452,15 @@ def command_line_stdout():
 
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
     """DOIT_CONFIG for this invocation (see module docstring)."""
-    from .workspace import Workspace, validate_id
+    from .workspace import Workspace, require_utf8_file_names, validate_id
 
+    try:
+        # Every command, also those with no action of the builder's to say so
+        # (ignore, forget, list, ...): before, these ran on a dep file in memory.
+        require_utf8_file_names()
+    except VianoError as error:
+        sys.stderr.write(f"{error}\n")
+        raise SystemExit(3) from None
     global _STARTED_BEFORE_ITS_CASE, _command_line_stdout
     _STARTED_BEFORE_ITS_CASE = None
     _command_line_stdout = sys.stdout if _running_doit_command_line() else None

@@ -19,8 +19,11 @@ category). Generated from ``unicodedata`` on Python 3.11;
 from __future__ import annotations
 
 import bisect
+import functools
+import re
+import unicodedata
 
-__all__ = ["UNICODE_VERSION", "category", "is_printable"]
+__all__ = ["UNICODE_VERSION", "RUNNING_HAS_THESE_TABLES", "category", "is_printable", "first_of", "nfc"]
 
 UNICODE_VERSION = "14.0.0"
 
@@ -191,3 +194,43 @@ def is_printable(ch: str) -> bool:
     if ch < "\x7f":
         return ch >= " "
     return category(ch) == ""
+
+
+@functools.cache
+def first_of(kinds: frozenset[str]) -> re.Pattern:
+    """A pattern whose ``search`` finds the first character of one of these
+    categories: one C-level scan of a name instead of a table lookup per
+    character (compiled once per process, ~700 ranges)."""
+    ranges = []
+    for at, start in enumerate(_STARTS):
+        if _KINDS[2 * at:2 * at + 2] in kinds:
+            end = _STARTS[at + 1] - 1 if at + 1 < len(_STARTS) else 0x10FFFF
+            ranges.append(f"\\U{start:08x}-\\U{end:08x}")
+    return re.compile("[" + "".join(ranges) + "]")
+
+
+#: Python 3.11: its own tables are these, and its unicodedata answers the same, faster.
+RUNNING_HAS_THESE_TABLES = unicodedata.unidata_version == UNICODE_VERSION
+
+
+def nfc(text: str) -> str:
+    """NFC as Unicode 14.0 defines it, on every Python.
+
+    Normalization is stable for assigned characters, but a later version can
+    give a character 14.0 leaves unassigned a combining class (U+10EFD since
+    15.0), and then NFC composes across it: ``k`` U+10EFD U+0301 became
+    U+1E31 U+10EFD on 3.12. To 14.0 such a character is a starter that
+    composes with nothing, so nothing composes or reorders across it: the
+    parts between them are normalized one by one and it is kept as it is."""
+    if text.isascii() or RUNNING_HAS_THESE_TABLES:
+        return unicodedata.normalize("NFC", text)
+    out, part = [], []
+    for ch in text:
+        if ch > "\x7f" and category(ch) == "Cn":
+            out.append(unicodedata.normalize("NFC", "".join(part)))
+            out.append(ch)
+            part = []
+        else:
+            part.append(ch)
+    out.append(unicodedata.normalize("NFC", "".join(part)))
+    return "".join(out)

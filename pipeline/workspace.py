@@ -146,7 +146,7 @@ def user_path(value: str) -> Path:
     return Path(start or os.getcwd()) / path
 
 
-def _require_utf8_file_names() -> None:
+def require_utf8_file_names() -> None:
     """Every name a package holds is UTF-8 (ZIP names flagged so, JSON
     paths, directory names checked on admission), and the workspace keeps it
     as those bytes. Python turns a name into bytes with its file-system
@@ -174,7 +174,7 @@ class Workspace(FrozenRecord):
     root: Path
 
     def __init__(self, root) -> None:
-        _require_utf8_file_names()
+        require_utf8_file_names()
         object.__setattr__(self, "root", Path(os.path.abspath(os.fspath(root))))
 
     @classmethod

@@ -56,3 +56,59 @@ def test_messages_escape_by_unicode_14_on_every_python():
     # U+1E030 (a Cyrillic modifier letter of 15.0): escaped on 3.11, and now on 3.12 and 3.13 alike.
     assert one_line("original/r\U0001e030.json") == "original/r\\U0001e030.json"
     assert one_line("caf\u00e9 \u00a0\u200b\x7f\ud800") == "caf\u00e9 \\xa0\\u200b\\x7f\\ud800"
+
+
+def test_names_are_judged_alike_through_this_pythons_tables_and_through_the_pattern(monkeypatch):
+    """3.11 uses its own unicodedata (the same tables, faster); another Python
+    scans with the pattern of the refused ranges: both give every answer alike."""
+    import pipeline.zipscan as zipscan
+
+    names = [f"original/a{chr(cp)}b" for cp in range(0x80, 0x110000) if cp != 0x5C]  # a backslash is refused first
+    direct = [zipscan.name_problem(name) for name in names] if unicode14.RUNNING_HAS_THESE_TABLES else None
+    monkeypatch.setattr(unicode14, "RUNNING_HAS_THESE_TABLES", False)
+    scanned = [zipscan.name_problem(name) for name in names]
+    expected = []
+    for name in names:
+        kind = unicode14.category(name[-2])
+        if kind == "Cn":
+            expected.append(f"character U+{ord(name[-2]):04X} unassigned in Unicode 14.0.0 in name")
+        elif kind in {"Cc", "Cf", "Cs", "Zl", "Zp"}:
+            expected.append(f"control or format character U+{ord(name[-2]):04X} in name")
+        else:
+            expected.append(None)
+    assert scanned == expected
+    if direct is not None:
+        assert direct == expected
+
+
+def test_nfc_is_unicode_14s_on_every_python():
+    # U+10EFD: unassigned in 14.0, combining class 220 since 15.0, where NFC
+    # composes k + U+0301 across it (found by session 20's re-review).
+    assert unicode14.nfc("k\U00010efd\u0301") == "k\U00010efd\u0301"
+    assert unicode14.nfc("\u1e31\U00010efd") == "\u1e31\U00010efd"
+    assert unicode14.nfc("cafe\u0301 \U00010efd e\u0301") == "caf\u00e9 \U00010efd \u00e9"
+
+
+@pytest.mark.skipif(not unicode14.RUNNING_HAS_THESE_TABLES, reason="the oracle is Python 3.11's own NFC (Unicode 14.0)")
+def test_nfc_split_at_unassigned_characters_is_the_whole_strings_nfc_under_14(monkeypatch):
+    import random
+
+    pool = ["e", "k", "\u0301", "\u0323", "\u1100", "\u1161", "\u11a8", "\u0b47", "\u0b3e", "\u00e9", "\u1e31",
+            "\U00010efd", "\U00013439", "\U000323af", "\u0345", "\u05b0"]
+    rng = random.Random(20)
+    texts = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 12))) for _ in range(20000)]
+    expected = [unicodedata.normalize("NFC", text) for text in texts]
+    monkeypatch.setattr(unicode14, "RUNNING_HAS_THESE_TABLES", False)  # the split path, checked against the whole
+    assert [unicode14.nfc(text) for text in texts] == expected
+
+
+def test_claim_keys_that_differ_under_14_are_not_near_twins_on_any_python():
+    from pipeline.assemble import _unnormalized_sources
+
+    statements = [
+        {"claim": {"key": "k\U00010efd\u0301", "value": "x"}, "provenance": {"source": "original/r1.json"}},
+        {"claim": {"key": "\u1e31\U00010efd", "value": "x"}, "provenance": {"source": "original/r2.json"}},
+        {"claim": {"key": "cafe\u0301", "value": "x"}, "provenance": {"source": "original/r3.json"}},
+        {"claim": {"key": "caf\u00e9", "value": "x"}, "provenance": {"source": "original/r4.json"}},
+    ]
+    assert _unnormalized_sources(statements, []) == ["original/r4.json"]

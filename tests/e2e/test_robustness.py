@@ -293,10 +293,14 @@ def test_a_file_system_encoding_other_than_utf8_is_refused_before_anything_chang
         ("status", "case=c1"),
         ("append", "case=c1", f"source={tmp_path / 'src'}"),
         ("export", "case=c1", f"dest={tmp_path / 'out'}"),
+        # doit's own commands: they ran on a dep file in memory and said they
+        # had ignored or forgotten (found by session 20's re-review).
+        ("ignore", "read_input", "case=c1"),
+        ("forget", "assemble", "case=c1"),
     ]
     for command in commands:
         refused = kit.doit(*command, workspace=ws, env_extra=ascii_names)
-        assert refused.returncode == 1, (command, refused.stderr)
+        assert refused.returncode == 3, (command, refused.stderr)
         assert refused.stderr.splitlines() == [
             "UNSUPPORTED_ENVIRONMENT: Python's file-system encoding is ascii, not UTF-8: "
             "run under a UTF-8 locale, or set PYTHONUTF8=1"
