@@ -40,7 +40,7 @@ import re
 import unicodedata
 from typing import Any
 
-from . import BUILDER_VERSION, unicode14
+from . import BUILDER_VERSION
 from .errors import CaseBuildError, VianoError
 from .jsoncanon import canonical_bytes, canonical_hash, json_copy, json_pointer
 from .research_request import build_research_request
@@ -712,6 +712,13 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
     return case
 
 
+def _nfc(text: str) -> str:
+    """NFC of Unicode 14.0: the same gaps on every Python (imported here: most keys are ASCII)."""
+    from .unicode14 import nfc
+
+    return nfc(text)
+
+
 def _unnormalized_sources(statements: list[dict], entities: list[dict]) -> list[str]:
     """Sources holding a claim key or entity type that differs from another
     only by Unicode normalisation (``café`` composed vs decomposed). Keys are
@@ -723,7 +730,7 @@ def _unnormalized_sources(statements: list[dict], entities: list[dict]) -> list[
     named = [("claim", s["claim"]["key"], s["provenance"]["source"]) for s in statements if s.get("claim")]
     named += [("entity", e["type"], src["source"]) for e in entities for src in e["sources"]]
     for kind, text, source in named:
-        folded = (kind, unicode14.nfc(text))  # NFC of Unicode 14.0: the same gaps on every Python
+        folded = (kind, text if text.isascii() else _nfc(text))
         seen = first_form.setdefault(folded, text)
         if seen != text and source not in flagged:
             flagged.append(source)

@@ -9,8 +9,6 @@ and tests match on them, so a code is never renamed or reused.
 
 from __future__ import annotations
 
-from .unicode14 import is_printable
-
 __all__ = [
     "ERROR_CODES",
     "VianoError",
@@ -91,6 +89,14 @@ ERROR_CODES: dict[str, str] = {
 }
 
 
+def _printable_beyond_ascii(ch: str) -> bool:
+    # By Unicode 14.0 on every Python, so a message is the same everywhere
+    # (imported here: most messages are ASCII, and every process imports this module).
+    from .unicode14 import is_printable
+
+    return is_printable(ch)
+
+
 def one_line(text: str, limit: int = 300) -> str:
     """Fold ``text`` onto one printable line of at most ``limit`` characters.
 
@@ -102,7 +108,7 @@ def one_line(text: str, limit: int = 300) -> str:
     for ch in text:
         if ch == "\\":
             out.append("\\\\")
-        elif is_printable(ch):  # by Unicode 14.0 on every Python: the same message everywhere
+        elif " " <= ch < "\x7f" or ch > "\x7f" and _printable_beyond_ascii(ch):
             out.append(ch)
         elif "\udc80" <= ch <= "\udcff":
             # A byte that is not UTF-8, as a file name carries it (surrogateescape): shown as the byte.
