@@ -166,6 +166,25 @@ def manifests(workspace: Path, case_id: str, package_id="pkg-1") -> list[Path]:
     return sorted((package_dir(workspace, case_id, package_id) / "manifests").glob("[0-9]*.json"))
 
 
+def stepping_doit(points: str, steps: Path, *args: str, workspace: Path) -> subprocess.Popen:
+    """The real doit run through ``tests/procs/doit_stepping.py``: at each of
+    the comma-separated crash ``points`` it creates ``steps/<point>.ready``
+    and waits for the test to create ``steps/<point>.go``."""
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), points, str(steps),
+         "-f", str(REPO / "dodo.py"), "-d", str(REPO), *args, f"workspace={workspace}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
+    )
+
+
+def reach_step(child: subprocess.Popen, steps: Path, point: str, timeout: float = 60) -> None:
+    """Wait until a :func:`stepping_doit` run stops at ``point``."""
+    deadline = time.monotonic() + timeout
+    while not (steps / f"{point}.ready").exists():
+        assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+        time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def paused_doit(proc: str, proc_args: list[str], ready: Path, *args: str, workspace: Path):
     """The real doit run through ``tests/procs/<proc>`` (which pauses it and

@@ -282,16 +282,9 @@ def test_records_gone_after_doit_passed_over_their_tasks_are_made_again_by_assem
     def build_removing_records_at_assemble(*patterns: str) -> subprocess.CompletedProcess:
         steps = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}"
         steps.mkdir()
-        child = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), "build:assemble", str(steps),
-             "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
-        )
+        child = kit.stepping_doit("build:assemble", steps, "build", "case=c1", workspace=ws)
         try:
-            deadline = time.monotonic() + 60
-            while not (steps / "build:assemble.ready").exists():
-                assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-                time.sleep(0.01)
+            kit.reach_step(child, steps, "build:assemble")
             for pattern in patterns:
                 removed = [path for path in (ws / ".cache" / "c1").glob(pattern) if path.is_file()]
                 assert removed, pattern

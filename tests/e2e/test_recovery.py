@@ -1968,23 +1968,13 @@ def test_a_build_started_before_its_case_was_admitted_holds_the_case_lock_once_i
     ws.mkdir()
     steps = tmp_path / "steps"
     steps.mkdir()
-    child = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), "build:validate-index,build:assemble", str(steps),
-         "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=doit_env(),
-    )
+    child = kit.stepping_doit("build:validate-index,build:assemble", steps, "build", "case=c1", workspace=ws)
     try:
-        def reach(point: str) -> None:
-            deadline = time.monotonic() + 60
-            while not (steps / f"{point}.ready").exists():
-                assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-                time.sleep(0.01)
-
-        reach("build:validate-index")
+        kit.reach_step(child, steps, "build:validate-index")
         admitted = kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'src')}", workspace=ws)
         assert admitted.returncode == 0, admitted.stderr
         (steps / "build:validate-index.go").touch()
-        reach("build:assemble")
+        kit.reach_step(child, steps, "build:assemble")
         with pytest.raises(VianoError) as held:
             with case_lock(Workspace(ws), "c1", timeout=0.2):
                 pass
