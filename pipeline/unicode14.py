@@ -19,11 +19,9 @@ category). Generated from ``unicodedata`` on Python 3.11;
 from __future__ import annotations
 
 import bisect
-import functools
-import re
 import unicodedata
 
-__all__ = ["UNICODE_VERSION", "RUNNING_HAS_THESE_TABLES", "category", "is_printable", "first_of", "nfc"]
+__all__ = ["UNICODE_VERSION", "RUNNING_HAS_THESE_TABLES", "category", "is_printable", "nfc"]
 
 UNICODE_VERSION = "14.0.0"
 
@@ -194,19 +192,6 @@ def is_printable(ch: str) -> bool:
     if ch < "\x7f":
         return ch >= " "
     return category(ch) == ""
-
-
-@functools.cache
-def first_of(kinds: frozenset[str]) -> re.Pattern:
-    """A pattern whose ``search`` finds the first character of one of these
-    categories: one C-level scan of a name instead of a table lookup per
-    character (compiled once per process, ~700 ranges)."""
-    ranges = []
-    for at, start in enumerate(_STARTS):
-        if _KINDS[2 * at:2 * at + 2] in kinds:
-            end = _STARTS[at + 1] - 1 if at + 1 < len(_STARTS) else 0x10FFFF
-            ranges.append(f"\\U{start:08x}-\\U{end:08x}")
-    return re.compile("[" + "".join(ranges) + "]")
 
 
 #: Python 3.11: its own tables are these, and its unicodedata answers the same, faster.

@@ -25,6 +25,7 @@ A ZIP inside the archive is just bytes.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -133,6 +134,11 @@ _REFUSED_IN_NAMES = _FORBIDDEN_CATEGORIES | {"Cn"}  # unassigned in Unicode 14.0
 _ASCII_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _refused_in_names(ch: str) -> bool:
+    return unicode14.category(ch) in _REFUSED_IN_NAMES
+
+
 def name_problem(name: str) -> str | None:
     """Why ``name`` (a ``/``-separated relative path) is unsafe, or ``None``.
 
@@ -165,18 +171,14 @@ def name_problem(name: str) -> str | None:
     else:
         # By Unicode 14.0's categories on every Python (pipeline/unicode14.py):
         # whether a name is admitted must not depend on the Python that runs.
-        # Python 3.11's own tables are those; another Python scans the name
-        # once with a pattern of the refused ranges (a lookup per character
-        # made a 65,536-name archive ~1 minute slower).
-        if unicode14.RUNNING_HAS_THESE_TABLES:
-            refused = next((ch for ch in name if unicodedata.category(ch) in _REFUSED_IN_NAMES), None)
-        else:
-            found = unicode14.first_of(_REFUSED_IN_NAMES).search(name)
-            refused = found.group() if found is not None else None
-        if refused is not None:
-            if unicode14.category(refused) == "Cn":
-                return f"character U+{ord(refused):04X} unassigned in Unicode {unicode14.UNICODE_VERSION} in name"
-            return f"control or format character U+{ord(refused):04X} in name"
+        # Each distinct character is judged once (a name repeats a few), and
+        # the first refused one in the name is reported.
+        refused = {ch for ch in set(name) if _refused_in_names(ch)}
+        if refused:
+            first = next(ch for ch in name if ch in refused)
+            if unicode14.category(first) == "Cn":
+                return f"character U+{ord(first):04X} unassigned in Unicode {unicode14.UNICODE_VERSION} in name"
+            return f"control or format character U+{ord(first):04X} in name"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"longer than {MAX_NAME_BYTES} bytes"
     parts = name.split("/")
