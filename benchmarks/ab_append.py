@@ -117,7 +117,8 @@ def main() -> None:
                 times[name].append(elapsed)
                 faults[name].append(result.minor_faults)
                 cpu[name].append(result.cpu_seconds)
-                spliced[name] += " new input(s) appended to the " in result.stderr
+                # (Worded "input(s)" before session 21: a base ref may print that.)
+                spliced[name] += bool(re.search(r" new (input|document)\(s\) appended to the ", result.stderr))
         for name, values in times.items():
             print(f"{name:8s} median {statistics.median(values):.3f} s  ({' '.join(f'{v:.3f}' for v in values)})")
         print(f"current / base: {statistics.median(times['current']) / statistics.median(times['base']):.2f} (medians)")

@@ -338,7 +338,7 @@ def main() -> None:
         print(f"ratio no-op / trivial:     {noop_median / trivial_median:.2f} medians, {noop / trivial:.2f} bests  (target <= 1.3)")
         print(f"rebuild after append:      {append_time:.3f} s  median of {len(appends)} ({', '.join(f'{t:.3f}' for t, _ in appends)})")
         print(f"    executed: {', '.join(executed)}")
-        spliced = sum(bool(re.search(r"^assemble: (\d+ new input\(s\) appended|no new input since)", r.stderr, re.M)) for _, r in appends)
+        spliced = sum(bool(re.search(r"^assemble: (\d+ new document\(s\) appended|no new document since)", r.stderr, re.M)) for _, r in appends)
         print(f"    spliced onto the previous build (pipeline/splice.py): {spliced} of {len(appends)}")
         print(f"ratio append / cold:       {append_time / cold:.3f}  (target <= 0.15; medians)")
         # The floor under any rebuild: starting doit, loading the task graph and

@@ -1187,11 +1187,13 @@ def _assemble_spliced(
     _write_output(cache, cache.case_json, data)
     _ASSEMBLED.clear()
     _hand_to_render(cache, (data, part, previous_summary, following, _units(snapshot), prior_sources))
+    # Documents only: the carried count is of documents, and an appended
+    # log or other opaque file is listed by the part without being read.
     added = len(snapshot["reports"]) + len(snapshot["reproductions"]) - len(carried_paths)
     if added:
-        _progress(f"assemble: {added} new input(s) appended to the {len(carried_paths)} of the previous build")
-    else:  # a reopen built before anything was appended
-        _progress(f"assemble: no new input since the previous build; its {len(carried_paths)} carried forward")
+        _progress(f"assemble: {added} new document(s) appended to the {len(carried_paths)} of the previous build")
+    else:  # a reopen built before anything was appended, or only opaque files were
+        _progress(f"assemble: no new document since the previous build; its {len(carried_paths)} carried forward")
     return True
 
 

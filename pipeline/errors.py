@@ -24,7 +24,7 @@ __all__ = [
 #: code -> one-line meaning. The README's error table says exactly this (a test holds them equal).
 ERROR_CODES: dict[str, str] = {
     # command line and workspace
-    "INVALID_ARGUMENT": "a command variable is missing or malformed, or a source directory holds the workspace",
+    "INVALID_ARGUMENT": "a command variable is missing, empty, unknown, repeated or malformed, an export destination lies in the workspace, the workspace is not a directory, a source directory holds the workspace, or a doit option the builder sets (`--backend`, `--db-file`, `--check_file_uptodate`) or process workers (`-n N` without `-P thread`) are given",
     "UNSAFE_ID": "a case or package id does not match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
     "UNKNOWN_CASE": "no such case in the workspace",
     "CASE_EXISTS": "a case with this id was already admitted",
@@ -39,7 +39,7 @@ ERROR_CODES: dict[str, str] = {
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",
     "ZIP_UNSAFE_PATH": "an entry name is absolute, climbs out, is flagged UTF-8 but is not (a name without the flag is read as code page 437, as the ZIP format defines), holds backslashes, drive letters, NUL, control or bidi characters, characters Unicode 14.0 does not assign, or empty/. parts, or is too deep or long",
     "ZIP_DUPLICATE_NAME": "two entries share a name",
-    "ZIP_NAME_COLLISION": "two entry names are equal after Unicode NFC and case folding",
+    "ZIP_NAME_COLLISION": "two entry names are equal after Unicode NFC and case folding, or a name is both a file and a directory",
     "ZIP_SPECIAL_FILE": "an entry is a symlink, FIFO or device",
     "ZIP_ENCRYPTED": "an entry is encrypted",
     "ZIP_UNSUPPORTED_METHOD": "an entry uses a compression method other than stored or deflate",

@@ -75,7 +75,7 @@ def _unconfirmed_publication(package, record, plan: dict) -> int | None:
 
 _FAILS_THE_BUILD = "up to date, refused: the build would fail with "
 
-_VERIFY_AGAIN = "would run: to verify it again (its size or modification time is not what it was when it was read)"
+_VERIFY_AGAIN = "would run: to verify it again (its size, modification or change time is not what it was when it was read)"
 
 
 _ATTACHMENTS_IGNORED = "from the prior case, which did not list its attachments: the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap"
@@ -168,9 +168,16 @@ def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list |
     if stamp is not None and recorded_stamp is not None and recorded_stamp != stamp:
         return "the builder's code changed since it last ran"
     for name, state in deps.items():
+        if state is not None and name not in record:
+            # doit keys a file's state by its absolute path: a record without
+            # this path was made with the workspace elsewhere.
+            return _MOVED
         if state is not None and record.get(name) != state:
             return name
     return None
+
+
+_MOVED = "its record names the files at another path (the workspace was copied or moved since it last ran)"
 
 
 _NOT_AS_WRITTEN = "the cached {} is not the one it wrote (cut short by a crash, or changed since)"

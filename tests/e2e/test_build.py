@@ -306,7 +306,7 @@ def test_records_gone_after_doit_passed_over_their_tasks_are_made_again_by_assem
     # An append rebuild splices: the new report's record and the opaque ones removed.
     second = build_removing_records_at_assemble("documents/*/*.report.*.json", "opaque/*.json")
     assert second.returncode == 0, second.stderr
-    assert " new input(s) appended to the " in second.stderr, second.stderr
+    assert " new document(s) appended to the " in second.stderr, second.stderr
     revisions = kit.package_dir(ws, "c1") / "content" / "case" / "revisions"
     clean_revisions = kit.package_dir(clean, "c1") / "content" / "case" / "revisions"
     for name in ("0001/case.json", "0001/case_summary.md", "0002/case.json", "0002/case_summary.md"):
@@ -940,7 +940,7 @@ def test_an_append_rebuild_splices_the_previous_case_and_matches_a_whole_build(t
     damaged one or with a cached output changed since, it assembles whole."""
     runs = {damage: _append_rebuild(tmp_path / str(damage), damage) for damage in (None, "no-state", "state", "cached-case")}
     for damage, (stderr, _) in runs.items():
-        spliced = "assemble: 2 new input(s) appended to the 3 of the previous build" in stderr
+        spliced = "assemble: 2 new document(s) appended to the 3 of the previous build" in stderr
         assert spliced == (damage is None), (damage, stderr)
     outputs = {damage: run[1] for damage, run in runs.items()}
     assert outputs[None] == outputs["no-state"] == outputs["state"] == outputs["cached-case"]

@@ -228,7 +228,7 @@ def test_the_python_api_hands_its_progress_lines_to_the_caller(tmp_path, capfd):
     finally:
         store.close()
     assert result["status"] == "published"
-    assert any(line.startswith("assemble: 1 new input(s) appended to the ") for line in lines), lines
+    assert any(line.startswith("assemble: 1 new document(s) appended to the ") for line in lines), lines
     assert all("\n" not in line for line in lines)
     assert capfd.readouterr().err == ""
 
@@ -535,7 +535,7 @@ def _appended_and_rendered(root: Path, *, publish: bool) -> Path:
     assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
     assert kit.doit("append", "case=c1", f"source={_report_append(root, 'extra', [])}", workspace=ws).returncode == 0
     done = kit.doit("build" if publish else "render", "case=c1", workspace=ws)
-    assert done.returncode == 0 and "new input(s) appended" in done.stderr, done.stderr
+    assert done.returncode == 0 and "new document(s) appended" in done.stderr, done.stderr
     return ws
 
 
@@ -1363,6 +1363,28 @@ def test_status_foretells_exactly_which_of_assemble_render_publish_the_build_run
     again = kit.doit("status", "case=c1", workspace=ws)
     assert _foretold(again.stdout) == set(), again.stdout
     assert not set(_executed(kit.doit("build", "case=c1", workspace=ws))) & set(_CHAIN)
+
+
+def test_status_of_a_copied_workspace_says_its_records_name_another_path(tmp_path):
+    """doit keys each file's state by its absolute path, so in a copy of a
+    built workspace assemble, render and publish run again (publish reuses the
+    confirmed case). status says why, not that the plan changed."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(ws, copy, symlinks=True)
+    status = kit.doit("status", "case=c1", workspace=copy)
+    assert status.returncode == 0, status.stderr
+    moved = "its record names the files at another path (the workspace was copied or moved since it last ran)"
+    for task in _CHAIN:
+        assert f"  {task}: would run: {moved}" in status.stdout, status.stdout
+    assert "plan changed" not in status.stdout, status.stdout
+    generations = len(kit.manifests(copy, "c1"))
+    built = kit.doit("build", "case=c1", workspace=copy)
+    assert built.returncode == 0, built.stderr
+    assert _foretold(status.stdout) == set(_executed(built)) & set(_CHAIN), (status.stdout, built.stderr)
+    assert len(kit.manifests(copy, "c1")) == generations
+    assert _foretold(kit.doit("status", "case=c1", workspace=copy).stdout) == set()
 
 
 def test_status_names_a_chain_task_doit_was_told_to_ignore(tmp_path):
