@@ -51,6 +51,7 @@ except ImportError:  # pragma: no cover - only while workspace.py is absent
     _workspace_check_reference = None
 
 __all__ = [
+    "CaseTooLarge",
     "CASE_FORMAT",
     "CASE_FORMAT_VERSION",
     "COMPLETENESS_VALUES",
@@ -228,29 +229,73 @@ def _entity_id(value: Any, source: str, pointer: str) -> str:
     raise CaseBuildError("SCHEMA_VIOLATION", "an entity id must be a string or an integer", path=source, pointer=pointer)
 
 
+class CaseTooLarge(Exception):
+    """The records assembled so far already take more than the case's byte
+    limit: ``at_least`` is a lower bound of the case.json they would make."""
+
+    def __init__(self, at_least: int, limit: int) -> None:
+        super().__init__(f"case.json would be at least {at_least} bytes, limit {limit}")
+        self.at_least = at_least
+        self.limit = limit
+
+
+class _CaseBudget:
+    """A running lower bound of the case.json bytes, checked as records are made.
+
+    One small input can make a huge case: every record repeats its document's
+    content path (up to ~4 KB) and a report may attach one short file a
+    hundred thousand times, so a 1 MiB report made a 1 GB case (4.8 GB of
+    memory) before its size was checked. Each record is charged the length of
+    strings it is sure to hold in the output (source, pointer, text; a code
+    point is at least one byte), so the bound never passes the real size and
+    a case within its limit is never refused here; the exact check follows
+    the encoding. Without a limit (a snapshot that names none) nothing is
+    charged."""
+
+    __slots__ = ("used", "limit")
+
+    def __init__(self, limit: int | None) -> None:
+        self.used = 0
+        self.limit = limit
+
+    def charge(self, size: int) -> None:
+        self.used += size
+        if self.limit is not None and self.used > self.limit:
+            raise CaseTooLarge(self.used, self.limit)
+
+
 class _Entities:
     """Entities merged by (explicit type, string id), in first-appearance order."""
 
     def __init__(self, earlier: list[dict] = ()) -> None:
         self._by_key: dict[tuple[str, str], dict] = {}
+        # Each entity's roles as a set beside its list: the schema bounds
+        # neither, and a list scan per role made a merge quadratic (110,000
+        # roles in one 1 MiB report: 142 s).
+        self._roles: dict[tuple[str, str], set[str]] = {}
         self._order: list[tuple[str, str]] = []
         for record in earlier:  # a carried case's entities, merged first as they were
             key = (record["type"], record["id"])
             self._by_key[key] = json_copy(record)
+            self._roles[key] = set(record["roles"])
             self._order.append(key)
 
-    def add(self, fragment_entities: list[dict], source: str, kind: str) -> None:
+    def add(self, fragment_entities: list[dict], source: str, kind: str, budget: _CaseBudget) -> None:
         """Merge one document's entities (as :func:`_fragment_entities` lists
         them); each source keeps the provenance kind of its document."""
         for entity in fragment_entities:
+            budget.charge(len(source) + len(entity["pointer"]))
             key = (entity["type"], entity["id"])
             record = self._by_key.get(key)
             if record is None:
                 record = {"type": key[0], "id": key[1], "roles": [], "sources": []}
                 self._by_key[key] = record
+                self._roles[key] = set()
                 self._order.append(key)
+            seen = self._roles[key]
             for role in entity["roles"]:
-                if role not in record["roles"]:
+                if role not in seen:
+                    seen.add(role)
                     record["roles"].append(role)
             record["sources"].append({"kind": kind, "source": source, "pointer": entity["pointer"]})
 
@@ -532,6 +577,7 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
     manifest = snapshot["manifest"]
     files = snapshot.get("files") or {}
     limit = (snapshot.get("limits") or {}).get("inline_fact_value", DEFAULT_INLINE_FACT_VALUE)
+    budget = _CaseBudget((snapshot.get("limits") or {}).get("case_bytes"))
     prior = snapshot.get("prior_case")
     ids = _Ids(prior.get("document") if prior else None)
     earlier = carried or _NOTHING_CARRIED
@@ -562,9 +608,11 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
         if role == "report":
             for field, target in (("title", titles), ("summary", summaries)):
                 if field in fragment:
+                    budget.charge(len(source) + len(fragment[field]))
                     target.append({"text": fragment[field], "provenance": {"kind": "tester_report", "source": source, "pointer": "/" + field}})
             for ns, statements in fragment["blocks"]:
                 for item in statements:
+                    budget.charge(len(source) + len(item["provenance"]["pointer"]) + len(item["text"]))
                     statement = statement_from(ids.get(ns, source, item["provenance"]["pointer"]), item)
                     if ns == "E":
                         statement["origin"] = "tester"
@@ -575,15 +623,19 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
                 ignored_attachments.append(source)
             for index, ref in enumerate(fragment["attachments"]):
                 pointer = json_pointer(["attachments", index])
-                attachments.append({**_resolve_ref(ref, files, source, pointer), "provenance": {"kind": "tester_report", "source": source, "pointer": pointer}})
+                resolved = _resolve_ref(ref, files, source, pointer)
+                budget.charge(len(source) + len(pointer) + len(resolved["path"]) + 64)  # and the file's SHA-256
+                attachments.append({**resolved, "provenance": {"kind": "tester_report", "source": source, "pointer": pointer}})
         else:
             observation_ids = []
             for item in fragment["observations"]:
+                budget.charge(len(source) + len(item["provenance"]["pointer"]) + len(item["text"]))
                 statement = statement_from(ids.get("O", source, item["provenance"]["pointer"]), item)
                 blocks["O"].append(statement)
                 observation_ids.append(statement["id"])
             fact_ids = []
             for item in fragment["facts"]:
+                budget.charge(len(source) + len(item["provenance"]["pointer"]) + len(item["name"]))
                 fact = {"id": ids.get("F", source, item["provenance"]["pointer"]), "name": item["name"], "provenance": take(item["provenance"])}
                 if "value_ref" in item:
                     fact["value_ref"] = take(item["value_ref"])
@@ -592,19 +644,25 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
                 facts.append(fact)
                 fact_ids.append(fact["id"])
             events = fragment["events_ref"]
+            budget.charge(len(source) + sum(len(step["text"]) for step in fragment["steps"]))
+            # The events reference first: it names the first refusal, as before.
+            events_resolved = None if events is None else _resolve_ref(events, files, source, "/events_ref")
+            repro_attachments = [
+                _resolve_ref(ref, files, source, json_pointer(["attachments", i])) for i, ref in enumerate(fragment["attachments"])
+            ]
+            for resolved in repro_attachments:
+                budget.charge(len(resolved["path"]) + 64)
             repro_records.append(
                 {
                     "source": source,
                     "steps": take(fragment["steps"]),
                     "observation_ids": observation_ids,
                     "fact_ids": fact_ids,
-                    "events_ref": None if events is None else _resolve_ref(events, files, source, "/events_ref"),
-                    "attachments": [
-                        _resolve_ref(ref, files, source, json_pointer(["attachments", i])) for i, ref in enumerate(fragment["attachments"])
-                    ],
+                    "events_ref": events_resolved,
+                    "attachments": repro_attachments,
                 }
             )
-        entities.add(fragment["entities"], source, "tester_report" if role == "report" else "reproduction")
+        entities.add(fragment["entities"], source, "tester_report" if role == "report" else "reproduction", budget)
 
     # R ids follow inventory order of reproductions (append-only, hence stable).
     first_r = earlier["reproductions"] + 1
@@ -726,15 +784,21 @@ def _unnormalized_sources(statements: list[dict], entities: list[dict]) -> list[
     that would interpret supplied data), so such near-twins are shown as a gap
     instead of silently never meeting."""
     first_form: dict[tuple[str, str], str] = {}
-    flagged: list[str] = []
+    flagged: dict[str, None] = {}  # ordered, and a member test that does not scan
+    normalized: dict[str, str] = {}  # each distinct text once: an entity's type repeats per source
     named = [("claim", s["claim"]["key"], s["provenance"]["source"]) for s in statements if s.get("claim")]
     named += [("entity", e["type"], src["source"]) for e in entities for src in e["sources"]]
     for kind, text, source in named:
-        folded = (kind, text if text.isascii() else _nfc(text))
-        seen = first_form.setdefault(folded, text)
-        if seen != text and source not in flagged:
-            flagged.append(source)
-    return flagged
+        if text.isascii():
+            form = text
+        else:
+            form = normalized.get(text)
+            if form is None:
+                form = normalized[text] = _nfc(text)
+        seen = first_form.setdefault((kind, form), text)
+        if seen != text:
+            flagged.setdefault(source)
+    return list(flagged)
 
 
 class CaseAssembler:

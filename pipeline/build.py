@@ -896,7 +896,7 @@ def _snapshot(
             "project": plan["project"],
         },
         "request_hash": plan["request_hash"],
-        "limits": {"inline_fact_value": plan["limits"]["inline_fact_value"]},
+        "limits": {"inline_fact_value": plan["limits"]["inline_fact_value"], "case_bytes": plan["limits"]["case_bytes"]},
         "index": plan["index"],
         "index_history": plan["index_history"],
         "reports": docs("reports"),
@@ -986,7 +986,7 @@ def _check_research_pairs(plan: dict, research: list[dict]) -> None:
 
 def step_assemble(workspace_root, case_id) -> None:
     """assemble: snapshot from cache -> pure assemble -> case contract -> cache."""
-    from .assemble import assemble, carry_forward, prior_numbering
+    from .assemble import CaseTooLarge, assemble, carry_forward, prior_numbering
     from .faults import crashpoint
 
     crashpoint("build:assemble")
@@ -1011,10 +1011,17 @@ def step_assemble(workspace_root, case_id) -> None:
     if start is not None and _assemble_spliced(cache, plan, *start, **again):
         return
     snapshot, snapshot_float_free = _snapshot(cache, plan, **again)
-    case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
+    try:
+        case = assemble(snapshot, owned=True)  # the snapshot's records were decoded for this call alone
+    except CaseTooLarge as too_large:
+        # Refused while its records were made, long before they would be encoded.
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{too_large}{raise_hint('case_bytes', too_large.limit)}",
+                             path=plan["outputs"]["case"]) from None
     data = pretty_bytes(case, known_float_free=snapshot_float_free)
-    _check_case_contract(case, data, plan["outputs"]["case"], cache)
+    # The size first: the contract check of a case too large would keep a
+    # record of it in the cache for nothing.
     _check_case_size(plan, data)
+    _check_case_contract(case, data, plan["outputs"]["case"], cache)
     _write_output(cache, cache.case_json, data)
     _ASSEMBLED[:] = [(data, case)]
     carried = carry_forward(None, case)

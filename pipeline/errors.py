@@ -9,6 +9,8 @@ and tests match on them, so a code is never renamed or reused.
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "ERROR_CODES",
     "VianoError",
@@ -89,6 +91,7 @@ ERROR_CODES: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=4096)  # a message repeats few distinct characters
 def _printable_beyond_ascii(ch: str) -> bool:
     # By Unicode 14.0 on every Python, so a message is the same everywhere
     # (imported here: most messages are ASCII, and every process imports this module).
@@ -105,27 +108,33 @@ def one_line(text: str, limit: int = 300) -> str:
     second line of output or drive a terminal.
     """
     out = []
+    length = 0
     for ch in text:
         if ch == "\\":
-            out.append("\\\\")
+            piece = "\\\\"
         elif " " <= ch < "\x7f" or ch > "\x7f" and _printable_beyond_ascii(ch):
-            out.append(ch)
+            piece = ch
         elif "\udc80" <= ch <= "\udcff":
             # A byte that is not UTF-8, as a file name carries it (surrogateescape): shown as the byte.
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+            piece = f"\\x{ord(ch) - 0xDC00:02x}"
         else:
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-    folded = "".join(out)
-    if len(folded) > limit:
-        # Cut between escapes, never inside one (a cut "\\x..." would read as another escape).
-        kept, length = [], 0
-        for piece in out:
-            if length + len(piece) > limit - 3:
-                break
-            kept.append(piece)
-            length += len(piece)
-        folded = "".join(kept) + "..."
-    return folded
+            piece = ch.encode("unicode_escape").decode("ascii")
+        out.append(piece)
+        length += len(piece)
+        if length > limit:
+            # It will be cut: the rest is not looked at (a name of thousands
+            # of characters, once per status row, took seconds).
+            break
+    if length <= limit:
+        return "".join(out)
+    # Cut between escapes, never inside one (a cut "\\x..." would read as another escape).
+    kept, length = [], 0
+    for piece in out:
+        if length + len(piece) > limit - 3:
+            break
+        kept.append(piece)
+        length += len(piece)
+    return "".join(kept) + "..."
 
 
 def coded_io_error(error: OSError, kind: type["VianoError"] | None = None) -> "VianoError":

@@ -26,8 +26,13 @@ The fast path (msgspec, C speed) and why each step is sufficient:
    every key/value pair costs exactly one structural ``:``, and colons inside
    strings survive decoding unchanged, so re-encoding the decoded value gives
    fewer colons than the input if and only if some pair was dropped. The one
-   way a colon can hide, the escape ``\\u003a``, sends the document to the
-   slow path.
+   way a colon can hide, the escape ``\\u003a`` (or ``\\u003A``), decodes
+   to a colon that the re-encoding writes plainly, so each occurrence of
+   those six bytes counts as one more colon expected. The count can only be
+   too high (the bytes inside an escaped backslash, ``\\\\u003a``, are no
+   escape), never too low: a dropped pair is never hidden, and such a
+   document goes to the slow path. (Until session 21 any escaped colon sent a
+   document there: 12 s for 1 MiB instead of 0.3 s.)
 5. A document over ``max_bytes`` goes to the slow path, which refuses it.
 """
 
@@ -132,8 +137,6 @@ def _read_fast(data: bytes, name: str, max_bytes: int) -> dict | None:
     struct = STRUCTS.get(name)
     if struct is None or len(data) > max_bytes:
         return None
-    if _ESCAPED_COLON[0] in data or _ESCAPED_COLON[1] in data:
-        return None
     try:
         document = _decode_untyped(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError):
@@ -146,8 +149,9 @@ def _read_fast(data: bytes, name: str, max_bytes: int) -> dict | None:
         return None
     if not _free_values_ok(name, document, DEFAULT_MAX_DEPTH):
         return None
-    if data.count(b":") != _encode(document).count(b":"):
-        return None  # a duplicate key was silently dropped
+    expected = data.count(b":") + data.count(_ESCAPED_COLON[0]) + data.count(_ESCAPED_COLON[1])
+    if expected != _encode(document).count(b":"):
+        return None  # a duplicate key was silently dropped (or an escaped backslash looked like a colon's escape)
     return document
 
 

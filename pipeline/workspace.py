@@ -99,9 +99,12 @@ def _reference_problem(ref: str) -> str | None:
     # exactly what makes ASCII text unprintable: one C-level test instead of
     # a table lookup per character (every build checks hundreds of paths).
     if not (ref.isascii() and ref.isprintable()):
-        for ch in ref:
-            if ch in _BIDI or unicodedata.category(ch) in _UNSAFE_CATEGORIES:
-                return f"control, bidi or surrogate character U+{ord(ch):04X} in reference"
+        # Each distinct character judged once (a path of thousands of combining
+        # marks repeats a few), the first unsafe one in the path reported.
+        unsafe = {ch for ch in set(ref) if ch in _BIDI or unicodedata.category(ch) in _UNSAFE_CATEGORIES}
+        if unsafe:
+            first = next(ch for ch in ref if ch in unsafe)
+            return f"control, bidi or surrogate character U+{ord(first):04X} in reference"
     if len(ref.encode("utf-8")) > _MAX_REFERENCE_BYTES:
         return "reference too long"
     for part in ref.split("/"):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.case_structs import CASE_FORMAT, CASE_FORMAT_VERSION, Case, decode_case
-from pipeline.assemble import assemble
+from pipeline.assemble import CaseTooLarge, assemble
 from pipeline.errors import CaseBuildError
 from pipeline.jsoncanon import canonical_bytes, canonical_hash, pretty_bytes, resolve_pointer
 from pipeline.research_request import build_research_request
@@ -1044,3 +1044,50 @@ def test_only_exact_output_and_control_paths_count_as_generated(path, generated)
     from pipeline.plan import is_generated
 
     assert is_generated(path) is generated
+
+
+# --------------------------------------------------------------------------- the case's byte budget
+
+
+def _attaching(count: int, path_length: int):
+    """One report whose content path is ``path_length`` long, attaching one file ``count`` times."""
+    path = "/".join(["d" * 250] * (path_length // 251)) + "/report.json"
+    return snapshot([(path, report(title="t", attachments=["original/a"] * count), 0)], files=["original/a"])
+
+
+def test_a_case_over_its_byte_limit_is_refused_while_its_records_are_made():
+    """A 1 MiB report attaching one short file a quarter of a million times
+    from a ~4 KB content path made a 1 GB case in memory before its size was
+    checked; the bound stops it once the records pass the limit."""
+    snap = _attaching(20_000, 3_800)  # ~80 MB of case.json
+    snap["limits"]["case_bytes"] = 8 << 20
+    with pytest.raises(CaseTooLarge) as refused:
+        assemble(snap)
+    assert refused.value.limit == 8 << 20
+    assert (8 << 20) < refused.value.at_least < (8 << 20) + 8192  # stopped at the record that passed it
+    del snap["limits"]["case_bytes"]  # a snapshot that names no limit (the seed's CaseAssembler) is not bounded
+    assert len(assemble(snap)["bug"]["attachments"]) == 20_000
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_docs_st, st.integers(min_value=1, max_value=4), st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=40))
+def test_the_byte_bound_never_refuses_a_case_within_its_limit(docs, depth, attached, slack):
+    """The bound charges only what the output surely holds, so a case is
+    refused by it only when case.json would really be larger than the limit:
+    assembling at exactly its own size (or more) passes, and the exact check
+    after encoding stays the judge of the rest."""
+    placed = [("/".join(["p" * 60] * depth) + f"/doc{i}", {**d, "attachments": ["original/a"] * attached} if role == "report" else d, i)
+              for i, (role, d) in enumerate(docs)]
+    snap = snapshot([p for p, (role, _) in zip(placed, docs) if role == "report"],
+                    [p for p, (role, _) in zip(placed, docs) if role == "repro"], files=["original/a"])
+    whole = pretty_bytes(assemble(snap))
+    snap["limits"]["case_bytes"] = len(whole) + slack
+    assert pretty_bytes(assemble(snap)) == whole
+
+
+def test_an_entity_with_many_roles_keeps_each_role_once_in_first_appearance_order():
+    roles = [f"r{i}" for i in range(5000)]
+    snap = snapshot([("original/a.json", report(title="t", entities=[{"type": "t", "id": 1, "roles": roles + roles[::-1]}]), 0),
+                     ("original/b.json", report(title="t", entities=[{"type": "t", "id": "1", "roles": ["new", *roles[:10]]}]), 1)])
+    (entity,) = assemble(snap)["entities"]
+    assert entity["roles"] == [*roles, "new"]

@@ -129,3 +129,57 @@ def test_claim_keys_that_differ_under_14_are_not_near_twins_on_any_python():
         {"claim": {"key": "caf\u00e9", "value": "x"}, "provenance": {"source": "original/r4.json"}},
     ]
     assert _unnormalized_sources(statements, []) == ["original/r4.json"]
+
+
+_MARKS = [chr(c) for c in range(0x300, 0x370)] + ["\u0f71", "\u0f72", "\u0f74", "\u0f80", "\u0344", "\u0345", "\u1dc0",
+                                                  "\u20d0", "\u302a", "\u3099", "\u309a", "\u05b0", "\u0591", "\u0e38"]
+_LEADING = ["a", "e", "u", "\u0915", "\u304b", "\u30cf", "\uac00", "\u1100", "\u1161", "\u11a8", "\u00e9", "\u01d6", "\u1e09",
+            "\u0f40", "\u0fb2", "\u0fb3", "\u05d0", "\u0f73", "\u0f75", "\u0f81"]
+
+
+def test_nfc_of_long_runs_of_marks_is_unicodedatas_without_its_insertion_sort(monkeypatch):
+    """CPython orders combining marks by insertion sort: quadratic in a run of
+    marks out of order (a 500,000-mark claim key held a build 252 s of CPU).
+    Runs over 30 are ordered first by a stable sort; the result must be
+    unicodedata's own NFC, and the ordering must really be done here."""
+    import random
+
+    ordered_here = []
+    real = unicode14._canonically_ordered
+    monkeypatch.setattr(unicode14, "_canonically_ordered", lambda text: ordered_here.append(text) or real(text))
+    rng = random.Random(21)
+    for _ in range(1500):
+        text = "".join(rng.choice(_MARKS if rng.random() < 0.85 else _LEADING) for _ in range(rng.choice([8, 35, 90, 300])))
+        assert unicode14.normalize_nfc(text) == unicodedata.normalize("NFC", text), ascii(text)
+    assert 100 < len(ordered_here) < 1500  # both paths taken
+    ordered_here.clear()
+    # The shapes that were quadratic: two classes alternating after one base,
+    # and a Tibetan sign of class 0 that decomposes into two marks.
+    for text in ("a" + "\u0301\u0316" * 2000, "\u0f73" * 4000):
+        assert unicode14.normalize_nfc(text) == unicodedata.normalize("NFC", text)
+    assert len(ordered_here) == 2
+    # Short runs (all real text) go to unicodedata as they are.
+    assert unicode14.normalize_nfc("cafe\u0301 \u1100\u1161\u11a8" * 100) == "caf\u00e9 \uac01" * 100
+    assert len(ordered_here) == 2
+
+
+def test_only_three_characters_of_class_0_decompose_into_marks():
+    """The run counter counts these with the marks; a new one would be missed."""
+    found = {chr(cp) for cp in range(0x110000)
+             if unicode14.category(chr(cp)) != "Cn" and not unicodedata.combining(chr(cp))
+             and unicodedata.combining(unicodedata.normalize("NFD", chr(cp))[:1] or "a")}
+    assert found == set(unicode14._DECOMPOSE_TO_NON_STARTERS)
+
+
+def test_a_message_looks_at_no_more_of_a_long_text_than_it_can_show(monkeypatch):
+    """A name of thousands of characters was judged whole and then cut to 300
+    (status of 4,000 such files: 37 s); the cut is the same, the tail unread."""
+    import pipeline.errors as errors
+
+    judged = []
+    monkeypatch.setattr(errors, "_printable_beyond_ascii", lambda ch: judged.append(ch) or unicode14.is_printable(ch))
+    text = "\u00e9\u0301\x01" * 100_000
+    shown = one_line(text)
+    assert len(shown) <= 300 and shown.endswith("...")
+    assert shown.startswith("\u00e9\u0301\\x01\u00e9\u0301\\x01")
+    assert len(judged) <= 300

@@ -93,6 +93,20 @@ def test_check_reference_refuses(bad):
     assert info.value.path == bad
 
 
+@pytest.mark.parametrize("ref, first", [
+    ("\u0301" * 3000 + "a\u202eb\x01c\u2028", "U+202E"),
+    ("\u0301" * 3000 + "a\x01b\u202ec\u2028", "U+0001"),
+    ("e\u0301/\u2028\u202e\x01", "U+2028"),
+])
+def test_a_reference_names_its_first_unsafe_character_however_long(ref, first):
+    """Each distinct character is judged once (a 3.9 KB path of marks took
+    1 ms per check, a status of 4,000 such files seconds); the message still
+    names the first unsafe one in the path."""
+    with pytest.raises(VianoError) as info:
+        check_reference(ref)
+    assert f"character {first} in reference" in info.value.message
+
+
 def test_check_reference_refuses_non_string():
     with pytest.raises(VianoError) as info:
         check_reference(b"a")

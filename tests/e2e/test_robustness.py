@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,37 @@ def test_a_zip_is_refused_for_the_same_problem_whatever_the_order_of_its_entries
         assert refused.returncode == 1, refused.stderr
         refusals.add(refused.stderr.replace(str(archive), "ARCHIVE"))
     assert len(refusals) == 1, refusals
+
+
+_PEAK_RSS_OF_A_CHILD = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "sys.stderr.write(done.stderr)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"  # KiB, of that one child
+    "sys.exit(done.returncode)\n"
+)
+
+
+def test_a_case_many_times_over_its_byte_limit_is_refused_before_it_is_made(tmp_path):
+    """One 0.4 MiB report, at a ~3.8 KB content path, attaching one file
+    30,000 times: each attachment repeats the path in case.json, ~115 MB in
+    all. It was made and encoded whole (and a checked copy left in the cache)
+    before the 8 MiB limit was checked: ~0.6 GB of memory, 4.8 GB for 1 MiB.
+    Now it is refused once its records pass the limit."""
+    long_path = "/".join(["d" * 250] * 15) + "/report.json"
+    source = kit.make_package(tmp_path / "src", files={
+        long_path: {"format": "viano-bug-report", "format_version": 1, "title": "t", "attachments": ["original/a"] * 30_000},
+        "original/a": b"x",
+    }, index=kit.index(reports=[long_path]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    built = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=300,
+    )
+    assert built.returncode == 1, built.stderr
+    last = built.stderr.strip().splitlines()[-1]
+    assert last.startswith("LIMIT_EXCEEDED: case.json would be at least "), last
+    assert last.endswith(" (case/revisions/0001/case.json)"), last
+    assert int(built.stdout.split()[-1]) < 250 * 1024, built.stdout  # KiB
+    assert max(p.stat().st_size for p in (ws / ".cache").rglob("*") if p.is_file()) < 1 << 20
