@@ -1387,6 +1387,35 @@ def test_status_of_a_copied_workspace_says_its_records_name_another_path(tmp_pat
     assert _foretold(kit.doit("status", "case=c1", workspace=copy).stdout) == set()
 
 
+def test_status_and_probes_take_the_checked_manifests_a_build_left_and_write_none(tmp_path, monkeypatch, capsys):
+    """Planning loads every generation's manifest; checking each one again
+    (decode, contract, every file entry) made status slower by the square of
+    the appends (800 appends: 7 s). The observing commands take the checked
+    manifests the cache holds, as a build does, and leave the cache as is."""
+    from pipeline import commands, packages
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    for name in ("more", "again"):
+        assert kit.doit("reopen", "case=c1", "by=human:a", f"reason={name}", workspace=ws).returncode == 0
+        extra = _report_append(tmp_path, name, ["original/report-a.json"])
+        assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws, skip_cache=False)
+    checked = []
+    real = packages._checked_manifest
+    monkeypatch.setattr(packages, "_checked_manifest", lambda data, label: checked.append(label) or real(data, label))
+    commands.cmd_status(case="c1", workspace=str(ws))
+    commands.cmd_probes(case="c1", workspace=str(ws))
+    assert "case: c1" in capsys.readouterr().out
+    assert checked == []
+    assert kit.tree_digest(ws, skip_cache=False) == before
+    # Without the cache they are checked from their bytes, as before.
+    shutil.rmtree(ws / ".cache")
+    commands.cmd_status(case="c1", workspace=str(ws))
+    assert len(checked) == len(kit.manifests(ws, "c1")) > 5
+
+
 def test_status_names_a_chain_task_doit_was_told_to_ignore(tmp_path):
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
