@@ -1190,7 +1190,10 @@ def _assemble_spliced(
         # fit, bytes not shaped as expected) is met again, or not at all,
         # by assembling the case whole.
         return False
-    _check_case_size(plan, data)
+    if len(data) > plan["limits"]["case_bytes"]:
+        # The whole assembly refuses it, with the line a build without the
+        # splice gives (its bound may stop it before the exact size is known).
+        return False
     _write_output(cache, cache.case_json, data)
     _ASSEMBLED.clear()
     _hand_to_render(cache, (data, part, previous_summary, following, _units(snapshot), prior_sources))
@@ -1277,11 +1280,12 @@ def _keep_checked_records(cache: BuildCache, known: frozenset[bytes], passed: se
 
 def step_render(workspace_root, case_id) -> None:
     """render: the summary from case.json only (pure render_summary)."""
-    from .summary import EscapeMemo, LineMemo, render_summary
+    from .summary import EscapeMemo, LineMemo, SummaryTooLarge, render_summary
 
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
     plan = cache.read_plan()
+    limit = plan["limits"]["summary_bytes"]
     if reuses_confirmed_case(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
         return
@@ -1294,14 +1298,21 @@ def step_render(workspace_root, case_id) -> None:
         from .splice import SpliceError, splice_summary
 
         try:
-            data = splice_summary(splicing[2], render_summary(splicing[1]).encode("utf-8"))
-        except SpliceError:
+            data = splice_summary(splicing[2], render_summary(splicing[1], limit=limit).encode("utf-8"))
+        except (SpliceError, SummaryTooLarge):
             data = None
+        if data is not None and len(data) > limit:
+            data = None  # the whole render names it, as a build without the splice would
     if data is None:
         case = _case_from(case_bytes)
         memo = EscapeMemo(_read_escape_memo(cache))
         lines = LineMemo(_read_line_memo(cache))
-        data = render_summary(case, memo, lines).encode("utf-8")
+        try:
+            data = render_summary(case, memo, lines, limit=limit).encode("utf-8")
+        except SummaryTooLarge as too_large:
+            # Refused while its lines were made, long before the whole was encoded.
+            raise CaseBuildError("LIMIT_EXCEEDED", f"{too_large}{raise_hint('summary_bytes', limit)}",
+                                 path=plan["outputs"]["case_summary"]) from None
         for kept, path in ((memo, cache.escape_memo), (lines, cache.line_memo)):
             if kept.worth_keeping():
                 try:

@@ -43,12 +43,15 @@ def _cached_case(cache: BuildCache, limit: int) -> dict | None:
 
 def _rendered_from(case: dict, cache: BuildCache, limit: int) -> bool:
     """Whether the cached summary is the render of this case (render is pure)."""
-    from .summary import render_summary
+    from .summary import SummaryTooLarge, render_summary
 
     data = _cached_bytes(cache.summary, limit)
     try:
-        return data is not None and render_summary(case).encode("utf-8") == data
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        # A render sure to be longer than the cached summary is not it: the
+        # bound stops a case whose summary would be far over its limit (a
+        # failed render leaves the previous summary cached) at that size.
+        return data is not None and render_summary(case, limit=len(data)).encode("utf-8") == data
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, SummaryTooLarge):
         return False
 
 

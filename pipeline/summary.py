@@ -252,6 +252,41 @@ _ACTIVE_MEMO: contextvars.ContextVar[EscapeMemo | None] = contextvars.ContextVar
 _ACTIVE_LINES: contextvars.ContextVar[LineMemo | None] = contextvars.ContextVar("viano_line_memo", default=None)
 
 
+class SummaryTooLarge(Exception):
+    """The summary rendered so far already holds more than ``limit`` bytes:
+    ``at_least`` is a lower bound of its size."""
+
+    def __init__(self, at_least: int, limit: int) -> None:
+        super().__init__(f"summary would be at least {at_least} bytes, limit {limit}")
+        self.at_least = at_least
+        self.limit = limit
+
+
+class _SummaryBudget:
+    """A running lower bound of the summary's bytes: the source locations.
+
+    Where case.json names a reproduction's source once, the summary names it
+    on every step (and an escaped path can be twice as long), so a 475 KB
+    reproduction of 95,000 steps at a 3.8 KB path rendered 362 MB (1.5 GB of
+    memory) before the size was checked. Every location is text the summary
+    holds (a character is at least a byte), so the bound never passes the
+    real size; the exact check follows the encoding."""
+
+    __slots__ = ("used", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.used = 0
+        self.limit = limit
+
+    def charge(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            raise SummaryTooLarge(self.used, self.limit)
+
+
+_ACTIVE_BUDGET: contextvars.ContextVar[_SummaryBudget | None] = contextvars.ContextVar("viano_summary_budget", default=None)
+
+
 def escape_inline(text: str) -> str:
     """Escape one supplied string into inert single-line Markdown.
 
@@ -289,7 +324,11 @@ def _scalar(value: Any) -> str:
 
 
 def _loc(source: Any, pointer: Any) -> str:
-    return f"{_scalar(source)}#{_scalar(pointer)}"
+    text = f"{_scalar(source)}#{_scalar(pointer)}"
+    budget = _ACTIVE_BUDGET.get()
+    if budget is not None:
+        budget.charge(len(text))
+    return text
 
 
 def _prov(prov: dict) -> str:
@@ -664,19 +703,25 @@ def _inputs(case: dict) -> list[str]:
     return [_table(["Role", "Path", "SHA-256", "Size (bytes)"], rows)]
 
 
-def render_summary(case: dict, memo: EscapeMemo | None = None, lines: LineMemo | None = None) -> str:
+def render_summary(
+    case: dict, memo: EscapeMemo | None = None, lines: LineMemo | None = None, *, limit: int | None = None
+) -> str:
     """Render ``case`` as Markdown; same case, same string; ends with one newline.
 
     ``case`` must have the pinned shape (a missing required field raises
     ``KeyError``); it is read only, never modified. A ``memo`` and ``lines``
     only save work: the string is the same with any memo whose pairs are true
-    escapes and any line memo whose pairs are true lines.
+    escapes and any line memo whose pairs are true lines. With ``limit``, a
+    render that is sure to pass that many UTF-8 bytes stops with
+    :class:`SummaryTooLarge` (one within it is never stopped).
     """
     token = _ACTIVE_MEMO.set(memo)
     line_token = _ACTIVE_LINES.set(lines)
+    budget_token = _ACTIVE_BUDGET.set(None if limit is None else _SummaryBudget(limit))
     try:
         return _render(case)
     finally:
+        _ACTIVE_BUDGET.reset(budget_token)
         _ACTIVE_LINES.reset(line_token)
         _ACTIVE_MEMO.reset(token)
 

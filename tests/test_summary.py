@@ -764,3 +764,31 @@ def test_a_case_confirmed_before_report_attachments_renders_as_it_did():
     end = summary.index("\n\n## ", start) + 2
     del case["bug"]["attachments"]
     assert render_summary(case) == summary[:start] + summary[end:]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_summary_bound_never_stops_a_summary_within_its_limit(data):
+    """The bound charges only locations the summary holds: rendering at
+    exactly the summary's own size (in UTF-8 bytes) gives the same text."""
+    case = full_case(lambda original: data.draw(st.one_of(HOSTILE, TEXT), label=original))
+    text = render_summary(case)
+    size = len(text.encode("utf-8"))
+    assert render_summary(case, limit=size + data.draw(st.integers(0, 3))) == text
+
+
+def test_a_summary_far_over_its_limit_is_stopped_while_its_lines_are_made():
+    """case.json names a reproduction's source once, the summary on every step:
+    95,000 one-letter steps at a 3.8 KB path made a 362 MB summary (1.5 GB of
+    memory) from an 8 MB case before its size was checked."""
+    from pipeline.summary import SummaryTooLarge
+
+    case = full_case()
+    source = "/".join(["s" * 250] * 15) + "/repro.json"
+    (first, *_) = case["reproduction"]["reproductions"]
+    first["source"] = source
+    first["steps"] = [{"text": "x", "pointer": f"/steps/{i}"} for i in range(20_000)]  # ~76 MB of summary
+    with pytest.raises(SummaryTooLarge) as stopped:
+        render_summary(case, limit=8 << 20)
+    assert (8 << 20) < stopped.value.at_least < (8 << 20) + 8192
+    assert len(render_summary(case)) > 70 << 20  # without a limit, the whole render

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -351,6 +352,7 @@ _PEAK_RSS_OF_A_CHILD = (
     "import resource, subprocess, sys\n"
     "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
     "sys.stderr.write(done.stderr)\n"
+    "sys.stdout.write(done.stdout)\n"
     "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"  # KiB, of that one child
     "sys.exit(done.returncode)\n"
 )
@@ -379,3 +381,80 @@ def test_a_case_many_times_over_its_byte_limit_is_refused_before_it_is_made(tmp_
     assert last.endswith(" (case/revisions/0001/case.json)"), last
     assert int(built.stdout.split()[-1]) < 250 * 1024, built.stdout  # KiB
     assert max(p.stat().st_size for p in (ws / ".cache").rglob("*") if p.is_file()) < 1 << 20
+
+
+def test_a_summary_many_times_over_its_limit_is_refused_before_it_is_made(tmp_path):
+    """case.json names a reproduction's source once, the summary beside every
+    step: 30,000 one-letter steps at a ~3.8 KB content path make a 1.5 MB
+    case and a ~115 MB summary, which was rendered and encoded whole before
+    its 8 MiB limit was checked (95,000 steps: 1.5 GB of memory)."""
+    long_path = "/".join(["s" * 250] * 15) + "/repro.json"
+    source = kit.make_package(tmp_path / "src", files={
+        long_path: {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000},
+    }, index=kit.index(reproductions=[long_path]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    built = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=300,
+    )
+    assert built.returncode == 1, built.stderr
+    last = built.stderr.strip().splitlines()[-1]
+    assert last.startswith("LIMIT_EXCEEDED: summary would be at least "), last
+    assert last.endswith(" (case/revisions/0001/case_summary.md)"), last
+    assert int(built.stdout.split()[-1]) < 250 * 1024, built.stdout  # KiB
+
+
+def test_an_append_that_takes_the_case_over_its_limit_is_refused_as_a_whole_build_refuses_it(tmp_path):
+    """The spliced rebuild named the exact size of the spliced case, the
+    whole build a lower bound: one refusal, two lines. Now the whole
+    assembly judges a spliced case over the limit."""
+    def long_report(name: str, observations: int) -> tuple[str, dict]:
+        path = "/".join([name[0] * 250] * 15) + f"/{name}.json"
+        return path, {"format": "viano-bug-report", "format_version": 1, "title": "t", "observations": [{"text": "x"}] * observations}
+
+    first, first_doc = long_report("alpha", 1900)  # a case of ~7.5 MB
+    source = kit.make_package(tmp_path / "src", files={first: first_doc}, index=kit.index(reports=[first]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    second, second_doc = long_report("beta", 400)
+    extra = kit.make_append(tmp_path / "more", files={second: second_doc}, index=kit.index(reports=[second]))
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    whole = tmp_path / "whole"
+    shutil.copytree(ws, whole, symlinks=True)
+    shutil.rmtree(whole / ".cache")
+    spliced_build, whole_build = (kit.doit("build", "case=c1", workspace=w) for w in (ws, whole))
+    assert spliced_build.returncode == whole_build.returncode == 1
+    line = spliced_build.stderr.strip().splitlines()[-1]
+    assert line.startswith("LIMIT_EXCEEDED: case.json would be ") and line.endswith("(case/revisions/0002/case.json)"), line
+    assert line == whole_build.stderr.strip().splitlines()[-1]
+
+
+def test_status_after_a_summary_refused_for_its_size_renders_no_more_than_the_cached_one(tmp_path):
+    """A refused render leaves the previous build's summary cached; status
+    compared it with a whole render of the new case every time (95,000
+    steps: 1.5 GB of memory per status). A render sure to be longer than the
+    cached summary is not it, and stops there."""
+    long_path = "/".join(["s" * 250] * 15) + "/repro.json"
+    source = kit.make_package(tmp_path / "src", files={
+        long_path: {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 10},
+    }, index=kit.index(reproductions=[long_path]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
+    more = long_path.replace("repro.json", "repro-2.json")
+    extra = kit.make_append(tmp_path / "more", files={more: {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000}},
+                            index=kit.index(reproductions=[more]))
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    refused = kit.doit("build", "case=c1", workspace=ws)
+    assert "LIMIT_EXCEEDED: summary would be at least " in refused.stderr.strip().splitlines()[-1], refused.stderr
+    status = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), "status", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=300,
+    )
+    assert status.returncode == 0, status.stderr
+    assert "  render: would run: " in status.stdout, status.stdout
+    assert int(status.stdout.split()[-1]) < 150 * 1024, status.stdout  # KiB
