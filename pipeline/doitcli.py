@@ -725,8 +725,11 @@ def _read_the_dep_file_in_one_query() -> None:
             cause = str(error).rsplit("Original error:", 1)[-1]  # doit's text names the path too
             if not any(word in cause for word in _UNWRITABLE):
                 raise
+            from .lifecycle import path_too_long_for_sqlite
+
             sys.stderr.write(
-                f"warning: IO_ERROR: the build's dependency file cannot be written ({one_line(cause.strip())}); "
+                f"warning: IO_ERROR: the build's dependency file cannot be written ({one_line(cause.strip())}"
+                f"{path_too_long_for_sqlite(name, 'a shorter workspace path or case id') if name != ':memory:' else ''}); "
                 "the build goes on without it and the next build repeats its checks\n"
             )
             opened = getattr(self, "_conn", None)

@@ -193,8 +193,22 @@ def _db_error(exc: sqlite3.Error, what: str, store: "os.PathLike[str]") -> Viano
             path=path,
         )
     if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
-        return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}", path=path)
+        return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}{path_too_long_for_sqlite(store)}", path=path)
     return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}", path=path)
+
+
+#: SQLite's unix files take paths of at most 512 bytes with the terminating
+#: NUL, its journal's name included ("-journal", 8 more).
+_SQLITE_PATH_BYTES = 512 - 1 - len("-journal")
+
+
+def path_too_long_for_sqlite(file: "os.PathLike[str] | str", remedy: str = "a shorter workspace path") -> str:
+    """The cause to add to SQLite's "unable to open database file" when the
+    file's absolute path is past what SQLite opens, else ``""``."""
+    length = len(os.fsencode(os.path.abspath(file)))
+    if length <= _SQLITE_PATH_BYTES:
+        return ""
+    return f" (its path is {length} bytes; SQLite opens no file whose path is over {_SQLITE_PATH_BYTES}: {remedy} would do)"
 
 
 def _header_says_unwritable(store: "os.PathLike[str]") -> bool:

@@ -2234,3 +2234,26 @@ def test_a_repeated_append_near_the_limits_still_says_there_is_nothing_to_append
     again = kit.doit("append", "case=c1", f"source={source}", workspace=ws)
     assert again.returncode == 0, again.stderr
     assert "nothing to append" in again.stdout
+
+
+def test_a_workspace_path_too_long_for_sqlite_says_so(tmp_path):
+    """SQLite opens no file whose path is over ~503 bytes (512 with its
+    journal's name): the store's IO_ERROR, and the dependency file's warning,
+    name that cause instead of SQLite's bare "unable to open database file"."""
+    deep = tmp_path.joinpath(*["w" * 200] * 3)
+    deep.mkdir(parents=True)
+    refused = kit.doit("admit", "case=c1", f"source={FIXTURES / 'sample'}", workspace=deep / "ws")
+    assert refused.returncode == 1
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("IO_ERROR: checkpoint store I/O failure while opening: unable to open database file (its path is "), last
+    assert "a shorter workspace path would do) (checkpoints.sqlite3)" in last, last
+    # A path the store fits in, and a case id that takes the dependency file past it.
+    room = 503 - len(os.fsencode(tmp_path / "ws2" / "checkpoints.sqlite3")) - 1  # what a folder between may take
+    parts = ["x" * 200] * (room // 201) + ["x" * (room % 201 - 1)] if room % 201 > 1 else ["x" * 200] * (room // 201)
+    ws = tmp_path.joinpath(*parts, "ws2")
+    case_id = "c" * 120
+    assert kit.doit("admit", f"case={case_id}", f"source={FIXTURES / 'sample'}", workspace=ws).returncode == 0
+    built = kit.doit("build", f"case={case_id}", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert "warning: IO_ERROR: the build's dependency file cannot be written (unable to open database file (its path is " in built.stderr
+    assert "a shorter workspace path or case id would do)" in built.stderr, built.stderr
