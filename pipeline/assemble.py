@@ -258,9 +258,13 @@ class _CaseBudget:
         self.used = 0
         self.limit = limit
 
-    def charge(self, size: int) -> None:
-        self.used += size
-        if self.limit is not None and self.used > self.limit:
+    def charge(self, *texts: Any, extra: int = 0) -> None:
+        """Charge the lengths of ``texts`` (a value that is not a string, which
+        only an unvalidated snapshot can hold, is charged nothing) and ``extra``."""
+        if self.limit is None:
+            return
+        self.used += extra + sum(len(text) for text in texts if isinstance(text, str))
+        if self.used > self.limit:
             raise CaseTooLarge(self.used, self.limit)
 
 
@@ -284,7 +288,7 @@ class _Entities:
         """Merge one document's entities (as :func:`_fragment_entities` lists
         them); each source keeps the provenance kind of its document."""
         for entity in fragment_entities:
-            budget.charge(len(source) + len(entity["pointer"]))
+            budget.charge(source, entity["pointer"])
             key = (entity["type"], entity["id"])
             record = self._by_key.get(key)
             if record is None:
@@ -608,11 +612,11 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
         if role == "report":
             for field, target in (("title", titles), ("summary", summaries)):
                 if field in fragment:
-                    budget.charge(len(source) + len(fragment[field]))
+                    budget.charge(source, fragment[field])
                     target.append({"text": fragment[field], "provenance": {"kind": "tester_report", "source": source, "pointer": "/" + field}})
             for ns, statements in fragment["blocks"]:
                 for item in statements:
-                    budget.charge(len(source) + len(item["provenance"]["pointer"]) + len(item["text"]))
+                    budget.charge(source, item["provenance"]["pointer"], item["text"])
                     statement = statement_from(ids.get(ns, source, item["provenance"]["pointer"]), item)
                     if ns == "E":
                         statement["origin"] = "tester"
@@ -624,18 +628,18 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
             for index, ref in enumerate(fragment["attachments"]):
                 pointer = json_pointer(["attachments", index])
                 resolved = _resolve_ref(ref, files, source, pointer)
-                budget.charge(len(source) + len(pointer) + len(resolved["path"]) + 64)  # and the file's SHA-256
+                budget.charge(source, pointer, resolved["path"], extra=64)  # and the file's SHA-256
                 attachments.append({**resolved, "provenance": {"kind": "tester_report", "source": source, "pointer": pointer}})
         else:
             observation_ids = []
             for item in fragment["observations"]:
-                budget.charge(len(source) + len(item["provenance"]["pointer"]) + len(item["text"]))
+                budget.charge(source, item["provenance"]["pointer"], item["text"])
                 statement = statement_from(ids.get("O", source, item["provenance"]["pointer"]), item)
                 blocks["O"].append(statement)
                 observation_ids.append(statement["id"])
             fact_ids = []
             for item in fragment["facts"]:
-                budget.charge(len(source) + len(item["provenance"]["pointer"]) + len(item["name"]))
+                budget.charge(source, item["provenance"]["pointer"], item["name"])
                 fact = {"id": ids.get("F", source, item["provenance"]["pointer"]), "name": item["name"], "provenance": take(item["provenance"])}
                 if "value_ref" in item:
                     fact["value_ref"] = take(item["value_ref"])
@@ -644,14 +648,14 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
                 facts.append(fact)
                 fact_ids.append(fact["id"])
             events = fragment["events_ref"]
-            budget.charge(len(source) + sum(len(step["text"]) for step in fragment["steps"]))
+            budget.charge(source, *(step["text"] for step in fragment["steps"]))
             # The events reference first: it names the first refusal, as before.
             events_resolved = None if events is None else _resolve_ref(events, files, source, "/events_ref")
             repro_attachments = [
                 _resolve_ref(ref, files, source, json_pointer(["attachments", i])) for i, ref in enumerate(fragment["attachments"])
             ]
             for resolved in repro_attachments:
-                budget.charge(len(resolved["path"]) + 64)
+                budget.charge(resolved["path"], extra=64)
             repro_records.append(
                 {
                     "source": source,

@@ -443,6 +443,20 @@ def _json_decoder():
     return json.loads if msgspec is None else msgspec.json.decode
 
 
+def _shaped_as_a_manifest(manifest: dict) -> bool:
+    """Whether a cached record has the stored manifest's shape, as its Struct
+    decides (in C, a fraction of the full check it stands for)."""
+    import msgspec
+
+    from contracts.structs import STRUCTS
+
+    try:
+        msgspec.convert(manifest, STRUCTS["package-manifest"])
+    except (msgspec.ValidationError, RecursionError):
+        return False
+    return True
+
+
 class ParsedManifests:
     """A package's checked manifests as MessagePack records, under the sha256
     of the manifest's bytes (and the builder code, like every record here).
@@ -458,7 +472,7 @@ class ParsedManifests:
 
     def get(self, sha256: str) -> dict | None:
         try:
-            return self.cache.read_msgpack(self.cache.manifest_record(sha256), dict)
+            manifest = self.cache.read_msgpack(self.cache.manifest_record(sha256), dict)
         except OSError:
             return None
         except IntegrityError:
@@ -466,6 +480,12 @@ class ParsedManifests:
             # follows the parse, or every later command would parse it again.
             self._damaged.add(sha256)
             return None
+        if not _shaped_as_a_manifest(manifest):
+            # Sealed but not a manifest (a builder's bug, a record forged
+            # with a valid seal): parsed again from the bytes, never a traceback.
+            self._damaged.add(sha256)
+            return None
+        return manifest
 
     def put(self, sha256: str, manifest: dict, *, published: bool = False) -> None:
         if not (published or self.keep_loaded):

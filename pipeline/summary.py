@@ -263,7 +263,8 @@ class SummaryTooLarge(Exception):
 
 
 class _SummaryBudget:
-    """A running lower bound of the summary's bytes: the source locations.
+    """A running lower bound of the summary's bytes: the source locations,
+    and the statement lines whole.
 
     Where case.json names a reproduction's source once, the summary names it
     on every step (and an escaped path can be twice as long), so a 475 KB
@@ -368,6 +369,22 @@ def _bullets(items: list[str]) -> str:
 
 
 def _statement(s: dict, extra: str = "", refs: str = "") -> str:
+    budget = _ACTIVE_BUDGET.get()
+    if budget is None:
+        return _remembered_or_rendered(s, extra, refs)
+    # The whole line is charged, whether the line memo had it or not (its
+    # location is not charged again): the bound, and the refusal a summary
+    # too large gets, must not depend on what the cache holds.
+    token = _ACTIVE_BUDGET.set(None)
+    try:
+        line = _remembered_or_rendered(s, extra, refs)
+    finally:
+        _ACTIVE_BUDGET.reset(token)
+    budget.charge(len(line))
+    return line
+
+
+def _remembered_or_rendered(s: dict, extra: str, refs: str) -> str:
     lines = _ACTIVE_LINES.get()
     if lines is not None:
         key = _line_key(s, extra, refs)

@@ -1091,3 +1091,16 @@ def test_an_entity_with_many_roles_keeps_each_role_once_in_first_appearance_orde
                      ("original/b.json", report(title="t", entities=[{"type": "t", "id": "1", "roles": ["new", *roles[:10]]}]), 1)])
     (entity,) = assemble(snap)["entities"]
     assert entity["roles"] == [*roles, "new"]
+
+
+@pytest.mark.parametrize("with_limit", [False, True])
+def test_the_byte_bound_charges_nothing_for_a_value_an_unvalidated_snapshot_holds_that_is_no_string(with_limit):
+    """The Python API takes snapshots the contract never saw: a title, text,
+    step or fact name that is no string assembled before the bound existed
+    and must still (it raised TypeError from len())."""
+    snap = snapshot([("original/a.json", report(title=123, observations=[{"text": 5}]), 0)],
+                    [("original/b.json", reproduction(steps=[1, 2], facts=[{"name": 7, "value": 1}]), 1)])
+    if with_limit:
+        snap["limits"]["case_bytes"] = 8 << 20
+    case = assemble(snap)
+    assert case["bug"]["titles"][0]["text"] == 123 and [s["text"] for s in case["reproduction"]["reproductions"][0]["steps"]] == [1, 2]

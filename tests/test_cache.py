@@ -834,8 +834,11 @@ def test_a_parsed_manifest_record_cut_short_is_written_again(tmp_path):
     cache = BuildCache(tmp_path / "cache")
     parsed = cache.parsed_manifests()
     digest = "ab" * 32
-    manifest = {"package_generation": 3, "files": {"original/a.json": {"sha256": "cd" * 32, "size": 10}}}
+    manifest = {"format": "viano-package", "format_version": 1, "case_id": "c1", "package_id": "p1", "package_generation": 3,
+                "analysis_revision": 1, "project": {"name": "demo", "version": "1"}, "artifacts": {},
+                "files": {"original/a.json": {"sha256": "cd" * 32, "size": 10}}}
     parsed.put(digest, manifest)
+    assert cache.parsed_manifests().get(digest) == manifest
     record = cache.manifest_record(digest)
     whole = record.read_bytes()
     record.write_bytes(whole[: len(whole) // 3])

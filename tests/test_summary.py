@@ -792,3 +792,29 @@ def test_a_summary_far_over_its_limit_is_stopped_while_its_lines_are_made():
         render_summary(case, limit=8 << 20)
     assert (8 << 20) < stopped.value.at_least < (8 << 20) + 8192
     assert len(render_summary(case)) > 70 << 20  # without a limit, the whole render
+
+
+def test_the_summary_bound_and_its_refusal_do_not_depend_on_the_line_memo():
+    """A statement line taken from the carried line memo was not charged, so
+    a rebuild refused a summary with its exact size where a build without
+    the cache refused it with the bound (session 21's diff review)."""
+    from pipeline.summary import SummaryTooLarge
+
+    case = full_case()
+    long_source = "/".join(["s" * 250] * 15) + "/report.json"
+    observation = case["human_observations"]["observations"][0]
+    case["human_observations"]["observations"] = [
+        {**observation, "id": f"O{n:04d}", "provenance": {**observation["provenance"], "source": long_source, "pointer": f"/observations/{n}"}}
+        for n in range(1, 3000)
+    ]
+    full = render_summary(case)
+    carried = summary.LineMemo()
+    render_summary(case, None, carried)
+    limit = len(full.encode("utf-8")) // 2
+    refusals = []
+    for memo in (None, summary.LineMemo(dict(carried.used)), summary.LineMemo()):
+        with pytest.raises(SummaryTooLarge) as refused:
+            render_summary(case, None, memo, limit=limit)
+        refusals.append(refused.value.at_least)
+    assert len(set(refusals)) == 1 and limit < refusals[0] < limit + 8192, refusals
+    assert render_summary(case, None, summary.LineMemo(dict(carried.used)), limit=len(full.encode("utf-8"))) == full

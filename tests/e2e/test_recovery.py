@@ -2257,3 +2257,25 @@ def test_a_workspace_path_too_long_for_sqlite_says_so(tmp_path):
     assert built.returncode == 0, built.stderr
     assert "warning: IO_ERROR: the build's dependency file cannot be written (unable to open database file (its path is " in built.stderr
     assert "a shorter workspace path or case id would do)" in built.stderr, built.stderr
+
+
+def test_a_cached_manifest_record_not_shaped_as_a_manifest_is_parsed_again(tmp_path):
+    """status and probes take the checked manifests from the cache: a sealed
+    record that is no manifest (a builder's bug, a forged seal) must not end
+    them in a KeyError traceback; it is as if absent."""
+    from pipeline.cache import BuildCache
+
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    expected = {command: kit.doit(command, "case=c1", workspace=ws) for command in ("status", "probes")}
+    cache = BuildCache(ws / ".cache" / "c1")
+    records = sorted((ws / ".cache" / "c1").rglob("*.manifest.msgpack"))
+    assert records
+    for record in records:
+        manifest = cache.read_msgpack(record, dict)
+        del manifest["package_generation"]
+        cache.write_msgpack(record, manifest)
+    for command, before in expected.items():
+        after = kit.doit(command, "case=c1", workspace=ws)
+        assert after.returncode == 0 and "Traceback" not in after.stderr, after.stderr
+        assert after.stdout == before.stdout
