@@ -358,28 +358,40 @@ _PEAK_RSS_OF_A_CHILD = (
 )
 
 
+def _with_peak_rss(*args: str, workspace: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """A doit command run from a parent of its own, and its peak RSS in KiB
+    (the last line that parent prints)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), *args, f"workspace={workspace}"],
+        capture_output=True, text=True, env=doit_env(), timeout=300,
+    )
+    return done, int(done.stdout.split()[-1])
+
+
+def _admitted_at_a_long_path(tmp_path: Path, document: dict, role: str, **files) -> tuple[Path, str]:
+    """A package whose one document sits at a ~3.8 KB content path (16 parts,
+    within what names may be), admitted: (workspace, that path)."""
+    long_path = "/".join(["d" * 250] * 15) + "/document.json"
+    source = kit.make_package(tmp_path / "src", files={long_path: document, **files}, index=kit.index(**{role: [long_path]}))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    return ws, long_path
+
+
 def test_a_case_many_times_over_its_byte_limit_is_refused_before_it_is_made(tmp_path):
     """One 0.4 MiB report, at a ~3.8 KB content path, attaching one file
     30,000 times: each attachment repeats the path in case.json, ~115 MB in
     all. It was made and encoded whole (and a checked copy left in the cache)
     before the 8 MiB limit was checked: ~0.6 GB of memory, 4.8 GB for 1 MiB.
     Now it is refused once its records pass the limit."""
-    long_path = "/".join(["d" * 250] * 15) + "/report.json"
-    source = kit.make_package(tmp_path / "src", files={
-        long_path: {"format": "viano-bug-report", "format_version": 1, "title": "t", "attachments": ["original/a"] * 30_000},
-        "original/a": b"x",
-    }, index=kit.index(reports=[long_path]))
-    ws = tmp_path / "ws"
-    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
-    built = subprocess.run(
-        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
-        capture_output=True, text=True, env=doit_env(), timeout=300,
-    )
+    report = {"format": "viano-bug-report", "format_version": 1, "title": "t", "attachments": ["original/a"] * 30_000}
+    ws, _ = _admitted_at_a_long_path(tmp_path, report, "reports", **{"original/a": b"x"})
+    built, peak_kib = _with_peak_rss("build", "case=c1", workspace=ws)
     assert built.returncode == 1, built.stderr
     last = built.stderr.strip().splitlines()[-1]
     assert last.startswith("LIMIT_EXCEEDED: case.json would be at least "), last
     assert last.endswith(" (case/revisions/0001/case.json)"), last
-    assert int(built.stdout.split()[-1]) < 250 * 1024, built.stdout  # KiB
+    assert peak_kib < 250 * 1024
     assert max(p.stat().st_size for p in (ws / ".cache").rglob("*") if p.is_file()) < 1 << 20
 
 
@@ -388,21 +400,14 @@ def test_a_summary_many_times_over_its_limit_is_refused_before_it_is_made(tmp_pa
     step: 30,000 one-letter steps at a ~3.8 KB content path make a 1.5 MB
     case and a ~115 MB summary, which was rendered and encoded whole before
     its 8 MiB limit was checked (95,000 steps: 1.5 GB of memory)."""
-    long_path = "/".join(["s" * 250] * 15) + "/repro.json"
-    source = kit.make_package(tmp_path / "src", files={
-        long_path: {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000},
-    }, index=kit.index(reproductions=[long_path]))
-    ws = tmp_path / "ws"
-    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
-    built = subprocess.run(
-        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), "build", "case=c1", f"workspace={ws}"],
-        capture_output=True, text=True, env=doit_env(), timeout=300,
-    )
+    repro = {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000}
+    ws, _ = _admitted_at_a_long_path(tmp_path, repro, "reproductions")
+    built, peak_kib = _with_peak_rss("build", "case=c1", workspace=ws)
     assert built.returncode == 1, built.stderr
     last = built.stderr.strip().splitlines()[-1]
     assert last.startswith("LIMIT_EXCEEDED: summary would be at least "), last
     assert last.endswith(" (case/revisions/0001/case_summary.md)"), last
-    assert int(built.stdout.split()[-1]) < 250 * 1024, built.stdout  # KiB
+    assert peak_kib < 250 * 1024
 
 
 def test_an_append_that_takes_the_case_over_its_limit_is_refused_as_a_whole_build_refuses_it(tmp_path):
@@ -437,24 +442,17 @@ def test_status_after_a_summary_refused_for_its_size_renders_no_more_than_the_ca
     compared it with a whole render of the new case every time (95,000
     steps: 1.5 GB of memory per status). A render sure to be longer than the
     cached summary is not it, and stops there."""
-    long_path = "/".join(["s" * 250] * 15) + "/repro.json"
-    source = kit.make_package(tmp_path / "src", files={
-        long_path: {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 10},
-    }, index=kit.index(reproductions=[long_path]))
-    ws = tmp_path / "ws"
-    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    ws, long_path = _admitted_at_a_long_path(tmp_path, {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 10},
+                                             "reproductions")
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert kit.doit("reopen", "case=c1", "by=human:a", "reason=more", workspace=ws).returncode == 0
-    more = long_path.replace("repro.json", "repro-2.json")
+    more = long_path.replace("document.json", "repro-2.json")
     extra = kit.make_append(tmp_path / "more", files={more: {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000}},
                             index=kit.index(reproductions=[more]))
     assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
     refused = kit.doit("build", "case=c1", workspace=ws)
     assert "LIMIT_EXCEEDED: summary would be at least " in refused.stderr.strip().splitlines()[-1], refused.stderr
-    status = subprocess.run(
-        [sys.executable, "-c", _PEAK_RSS_OF_A_CHILD, "doit", "-f", str(REPO / "dodo.py"), "status", "case=c1", f"workspace={ws}"],
-        capture_output=True, text=True, env=doit_env(), timeout=300,
-    )
+    status, peak_kib = _with_peak_rss("status", "case=c1", workspace=ws)
     assert status.returncode == 0, status.stderr
     assert "  render: would run: " in status.stdout, status.stdout
-    assert int(status.stdout.split()[-1]) < 150 * 1024, status.stdout  # KiB
+    assert peak_kib < 150 * 1024
