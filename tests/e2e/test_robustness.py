@@ -378,36 +378,28 @@ def _admitted_at_a_long_path(tmp_path: Path, document: dict, role: str, **files)
     return ws, long_path
 
 
-def test_a_case_many_times_over_its_byte_limit_is_refused_before_it_is_made(tmp_path):
-    """One 0.4 MiB report, at a ~3.8 KB content path, attaching one file
-    30,000 times: each attachment repeats the path in case.json, ~115 MB in
-    all. It was made and encoded whole (and a checked copy left in the cache)
-    before the 8 MiB limit was checked: ~0.6 GB of memory, 4.8 GB for 1 MiB.
-    Now it is refused once its records pass the limit."""
-    report = {"format": "viano-bug-report", "format_version": 1, "title": "t", "attachments": ["original/a"] * 30_000}
-    ws, _ = _admitted_at_a_long_path(tmp_path, report, "reports", **{"original/a": b"x"})
+@pytest.mark.parametrize("role, document, files, refusal", [
+    # One 0.4 MiB report attaching one file 30,000 times: each attachment
+    # repeats the ~3.8 KB path in case.json, ~115 MB in all, made and encoded
+    # whole (a checked copy left in the cache) before the 8 MiB limit was
+    # checked: ~0.6 GB of memory, 4.8 GB for 1 MiB.
+    ("reports", {"format": "viano-bug-report", "format_version": 1, "title": "t", "attachments": ["original/a"] * 30_000},
+     {"original/a": b"x"}, "case.json would be at least ... (case/revisions/0001/case.json)"),
+    # case.json names a reproduction's source once, the summary beside every
+    # step: 30,000 one-letter steps make a 1.5 MB case and a ~115 MB summary
+    # (95,000 steps: 1.5 GB of memory).
+    ("reproductions", {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000},
+     {}, "summary would be at least ... (case/revisions/0001/case_summary.md)"),
+], ids=["case", "summary"])
+def test_an_output_many_times_over_its_limit_is_refused_while_it_is_made(tmp_path, role, document, files, refusal):
+    ws, _ = _admitted_at_a_long_path(tmp_path, document, role, **files)
     built, peak_kib = _with_peak_rss("build", "case=c1", workspace=ws)
     assert built.returncode == 1, built.stderr
     last = built.stderr.strip().splitlines()[-1]
-    assert last.startswith("LIMIT_EXCEEDED: case.json would be at least "), last
-    assert last.endswith(" (case/revisions/0001/case.json)"), last
+    head, tail = refusal.split(" ... ")
+    assert last.startswith(f"LIMIT_EXCEEDED: {head} ") and last.endswith(f" {tail}"), last
     assert peak_kib < 250 * 1024
-    assert max(p.stat().st_size for p in (ws / ".cache").rglob("*") if p.is_file()) < 1 << 20
-
-
-def test_a_summary_many_times_over_its_limit_is_refused_before_it_is_made(tmp_path):
-    """case.json names a reproduction's source once, the summary beside every
-    step: 30,000 one-letter steps at a ~3.8 KB content path make a 1.5 MB
-    case and a ~115 MB summary, which was rendered and encoded whole before
-    its 8 MiB limit was checked (95,000 steps: 1.5 GB of memory)."""
-    repro = {"format": "viano-reproduction", "format_version": 1, "steps": ["x"] * 30_000}
-    ws, _ = _admitted_at_a_long_path(tmp_path, repro, "reproductions")
-    built, peak_kib = _with_peak_rss("build", "case=c1", workspace=ws)
-    assert built.returncode == 1, built.stderr
-    last = built.stderr.strip().splitlines()[-1]
-    assert last.startswith("LIMIT_EXCEEDED: summary would be at least "), last
-    assert last.endswith(" (case/revisions/0001/case_summary.md)"), last
-    assert peak_kib < 250 * 1024
+    assert max(p.stat().st_size for p in (ws / ".cache").rglob("*") if p.is_file()) < 8 << 20  # nothing over the limit kept
 
 
 def test_an_append_that_takes_the_case_over_its_limit_is_refused_as_a_whole_build_refuses_it(tmp_path):
