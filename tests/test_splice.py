@@ -744,3 +744,33 @@ def test_a_case_with_a_list_key_twice_raises(spliced_pair, which):
             splice_case(doubled["previous"], own[0])
         else:
             splice_case(previous[0], doubled["part"])
+
+
+def test_the_closing_line_is_found_however_many_brackets_come_before_it():
+    """After a few ``]`` one by one, the rest is one search for the whole
+    line: the same place as the first ``]`` after a newline and four spaces,
+    for any text (seven reports of 1,000,000 ``]`` made an append rebuild
+    step through each in Python)."""
+    import random
+
+    from pipeline.splice import SpliceError, _closing_bracket
+
+    def first_closing_line(data: bytes, start: int, end: int) -> int | None:
+        for at in range(start, end):
+            if data[at:at + 1] == b"]" and at >= 5 and data[at - 5:at] == b"\n    ":
+                return at - 5
+        return None
+
+    rng = random.Random(21)
+    pieces = [b"]", b"]]]]", b"\n    ", b"\n    ]", b"\n        ]", b"x", b" ", b"\n"]
+    for _ in range(3000):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.choice([5, 40, 200])))
+        start, end = sorted(rng.sample(range(len(data) + 1), 2)) if len(data) > 1 else (0, len(data))
+        expected = first_closing_line(data, start, end)
+        if expected is None:
+            with pytest.raises(SpliceError):
+                _closing_bracket(data, start, end)
+        else:
+            assert _closing_bracket(data, start, end) == expected, (data, start, end)
+    many = b"[\n" + b"]" * 100_000 + b"\n    ]"
+    assert _closing_bracket(many, 1, len(many)) == len(many) - 6
