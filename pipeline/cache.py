@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -386,11 +387,15 @@ class BuildCache:
         self.write(path, _sealed(msgspec.msgpack.encode(value)))
 
     def _read(self, path: Path, decode, limit: int | None = None, version: list | None = None):
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO in a record's place must not hold the open (status
+        # waited on one forever); only a regular file is a record.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
         try:
             # Sized from fstat: asking read() for the limit would allocate it whole.
             bound = max(_CACHE_RECORD_LIMIT, limit or 0)
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise IntegrityError("INTEGRITY_ERROR", "cache record is not a regular file", path=path.name)
             size = st.st_size
             if version is not None:
                 version.append((os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))

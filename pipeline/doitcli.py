@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import atexit
 import contextvars
+import errno
 import functools
 import gc
 import hashlib
 import importlib
 import os
 import re
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -84,8 +86,13 @@ def _sha256_file(path) -> str:
     for case.json and the plan once per task that depends on them. The key
     holds the inode and change time, and cache files are only ever replaced
     by rename (a new inode), so a rewritten file is hashed anew."""
-    with open(path, "rb") as handle:
+    # O_NONBLOCK: a FIFO put in a cached output's place must not hold the
+    # build; it is no output (an OSError: "not as written", so remade).
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as handle:
         st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
         key = (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         digest = _DIGESTS.get(key)
         if digest is None:

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import stat
 from typing import Any
 
 from .errors import CaseBuildError, VianoError
@@ -501,10 +502,15 @@ def read_bounded(
     itself stops at ``limit + 1`` bytes, so a file that grows meanwhile is
     still refused rather than loaded.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    # O_NONBLOCK: a FIFO put in the file's place must not hold the open (and
+    # the command) until some writer comes; only a regular file is read.
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
     fd = os.open(path, flags, dir_fd=dir_fd)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error("IO_ERROR", "not a regular file", path=label)
+        size = st.st_size
         if size > limit:
             raise error("LIMIT_EXCEEDED", f"{size} bytes, limit {limit}", path=label)
         return read_fd_at_most(fd, limit, label=label, error=error)

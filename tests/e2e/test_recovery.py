@@ -2279,3 +2279,21 @@ def test_a_cached_manifest_record_not_shaped_as_a_manifest_is_parsed_again(tmp_p
         after = kit.doit(command, "case=c1", workspace=ws)
         assert after.returncode == 0 and "Traceback" not in after.stderr, after.stderr
         assert after.stdout == before.stdout
+
+
+@pytest.mark.parametrize("record", ["plan.json", "content-stamps.json", "store-state.json", "out/case.json", "out/case_summary.md"])
+def test_a_fifo_in_a_cache_records_place_holds_neither_status_nor_a_build(tmp_path, record):
+    """status waited forever on a FIFO put where a cache record was, and so
+    did a build on one in a cached output's place (found by session 21's
+    review). Only a regular file is read; anything else is no record."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    generations = len(kit.manifests(ws, "c1"))
+    planted = ws / ".cache" / "c1" / record
+    planted.unlink()
+    os.mkfifo(planted)
+    status = kit.doit("status", "case=c1", workspace=ws, timeout=60)
+    assert status.returncode == 0 and "build outlook" in status.stdout, status.stderr
+    built = kit.doit("build", "case=c1", workspace=ws, timeout=60)
+    assert built.returncode == 0, built.stderr
+    assert len(kit.manifests(ws, "c1")) == generations  # the confirmed case reused
