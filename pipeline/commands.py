@@ -823,6 +823,7 @@ def _limits_line(ws) -> str:
 @_coded
 def cmd_status(case=None, workspace=None) -> None:
     """Print state, revision, generation, artifacts, checkpoints and the build outlook."""
+    from .build import case_cache
     from .packages import Package
     from .recovery import check_store_is_the_packages
     from .status import build_outlook
@@ -839,9 +840,11 @@ def cmd_status(case=None, workspace=None) -> None:
     package = Package(ws, case_id, record.package_id, parsed_manifests=_parsed_manifests_to_read(ws, case_id))
     check_store_is_the_packages(package, record.generation, recorded)
     manifest = package.manifest(record.generation)
-    # Looked at before the first line: a refusal (a symlinked .locks) must
-    # not leave a partial report on stdout.
+    # Looked at before the first line: a refusal (a symlinked .locks, or a
+    # symlinked .cache, which the outlook reads) must not leave a partial
+    # report on stdout.
     held_elsewhere = case_lock_held_elsewhere(ws, case_id)
+    case_cache(ws, case_id)
     _out(f"case: {case_id}")
     _out(f"package: {record.package_id}")
     # Where the artifact paths below are (they are relative to it).

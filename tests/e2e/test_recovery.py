@@ -2172,14 +2172,18 @@ def test_status_does_not_wait_on_a_fifo_planted_as_the_lock_file(tmp_path):
     assert "state: VALIDATED" in result.stdout and "lock: held now" not in result.stdout
 
 
-def test_status_refuses_a_symlinked_locks_directory_as_every_command_does(tmp_path):
+@pytest.mark.parametrize("folder", [".locks", ".cache", ".cache/c1"])
+def test_status_refuses_a_symlinked_workspace_folder_as_every_command_does(tmp_path, folder):
+    """A symlinked .cache was refused only once status had printed half its
+    report (found by session 21's review); .locks was refused first."""
     ws = _admitted(tmp_path)
-    (ws / ".locks").rename(tmp_path / "locks-elsewhere")
-    (ws / ".locks").symlink_to(tmp_path / "locks-elsewhere")
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    (ws / folder).rename(tmp_path / "elsewhere")
+    (ws / folder).symlink_to(tmp_path / "elsewhere")
     for command in ("status", "build"):
         result = kit.doit(command, "case=c1", workspace=ws)
         line = _one_line_error(result, "REFERENCE_UNSAFE")
-        assert line.endswith("(.locks)"), line
+        assert line.endswith(f"({folder})"), line
         assert result.stdout == "", result.stdout  # no partial report before the refusal
 
 
