@@ -849,6 +849,30 @@ def test_ctrl_c_in_a_build_is_one_interrupted_line_and_a_retry_completes_it(tmp_
     assert len(kit.manifests(ws, "c1")) == 2  # admission + the one publication, confirmed by the retry
 
 
+def test_sigterm_mid_publication_stops_at_once_and_the_next_build_publishes_once(tmp_path):
+    """A cancelled CI job, ``docker stop`` or ``timeout`` sends SIGTERM: the
+    command stops where it stands, as under SIGKILL (the README says so), and
+    the next build rolls the half-published attempt forward."""
+    import signal
+
+    ws = _admitted(tmp_path)
+    clean = _admitted(tmp_path / "clean")
+    assert kit.doit("build", "case=c1", workspace=clean).returncode == 0
+    ready = tmp_path / "ready"
+    with kit.paused_doit("doit_pausing.py", ["publish:after-content", str(ready)], ready, "build", "case=c1", workspace=ws) as child:
+        child.send_signal(signal.SIGTERM)  # files published, the manifest not yet linked
+        _, stderr = child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGTERM
+    assert "Traceback" not in stderr, stderr
+    retried = kit.doit("build", "case=c1", workspace=ws)
+    assert retried.returncode == 0, retried.stderr
+    assert len(kit.manifests(ws, "c1")) == 2  # admission + exactly one publication
+    revision = Path("case", "revisions", "0001")
+    for name in ("case.json", "case_summary.md"):
+        assert (kit.package_dir(ws, "c1") / "content" / revision / name).read_bytes() == \
+            (kit.package_dir(clean, "c1") / "content" / revision / name).read_bytes()
+
+
 def test_an_append_whose_index_lists_a_path_twice_is_refused_before_anything_is_written(tmp_path):
     ws = _admitted(tmp_path)
     before = kit.tree_digest(ws / "cases")
