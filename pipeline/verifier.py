@@ -191,11 +191,8 @@ def _describe(error) -> str:
 
 
 def _first_schema_error(document: Any):
-    errors = list(_validator().iter_errors(document))
-    if not errors:
-        return None
     # Deterministic choice: the first pointer in sorted order, then keyword.
-    return min(errors, key=lambda e: (json_pointer(e.absolute_path), e.validator))
+    return min(_validator().iter_errors(document), key=lambda e: (json_pointer(e.absolute_path), e.validator), default=None)
 
 
 def _cross_field_problem(request: VerificationRequest) -> str | None:

@@ -369,6 +369,82 @@ def test_first_error_is_chosen_deterministically_indices_numerically():
     assert _error("report", document) == ("SCHEMA_VIOLATION", "/observations/2/text")
 
 
+def _every_error_reported_first(name: str, document) -> tuple[str, str] | None:
+    """What validate() would report if every error were made: the first by
+    (location, message) over all errors of a validator that checks every item."""
+    schemas = contracts.schemas
+    checker = _EVERY_ITEM_VALIDATOR(schemas.SCHEMAS[name], registry=schemas.REGISTRY, format_checker=schemas.FORMAT_CHECKER)
+    errors = list(checker.iter_errors(document))
+    if not errors:
+        return None
+    first = min(errors, key=lambda e: (schemas._path_key(schemas._error_parts(e)), e.message))
+    return schemas.json_pointer(schemas._error_parts(first)), schemas._message(first)
+
+
+#: The contracts' validator as it was before arrays and extra members were cut
+#: short at the first that fails: every error is made.
+_EVERY_ITEM_VALIDATOR = __import__("jsonschema").validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", lambda checker, value: type(value) is int),
+)
+
+
+def _reported(name: str, document) -> tuple[str, str] | None:
+    try:
+        contracts.validate(name, document)
+    except CaseBuildError as exc:
+        if exc.code == "UNSUPPORTED_VERSION":
+            return "version"
+        return exc.pointer, exc.message.split(": ", 1)[1]
+    return None
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_documents(), st.integers(0, 3))
+def test_checking_items_up_to_the_first_failing_reports_what_checking_all_would(case, copies):
+    name, document = case
+    if isinstance(document, dict):
+        for value in document.values():  # longer arrays, so that later items fail too
+            if isinstance(value, list) and value:
+                value.extend(copy.deepcopy(value) * copies)
+    reported = _reported(name, document)
+    if reported != "version":
+        assert reported == _every_error_reported_first(name, document), (name, document)
+
+
+@pytest.mark.parametrize("name,head,item", [
+    ("report", '{"format":"viano-bug-report","format_version":1,"observations":[', "1"),
+    ("package-source", '{"format":"viano-package","format_version":1,"package_id":"p","project":{"name":"n","version":"v"},'
+                       '"analysis_revision":1,"files":[', "1"),
+    ("case-inputs", '{"format":"viano-case-inputs","format_version":1,"reports":[', '""'),
+])
+def test_an_array_of_bad_items_makes_the_errors_of_its_first_bad_item_only(name, head, item):
+    # A megabyte of such items made one jsonschema error each (about 100 s and
+    # 1.8 GB) to report the first.
+    document = json.loads(head + ",".join([item] * 20000) + "]}")
+    errors = list(contracts.validator(name).iter_errors(document))
+    assert 1 <= len(errors) <= 2 and {tuple(e.absolute_path)[1] for e in errors} == {0}
+    assert _error(name, document)[1].split("/")[2] == "0"
+
+
+def test_every_error_of_the_first_failing_item_counts():
+    # jsonschema finds the text's errors first; the author's comes first by location.
+    document = _report(observations=[{"text": "ok"}, {"text": "", "author": 5}, {"text": 1}])
+    assert _error("report", document) == ("SCHEMA_VIOLATION", "/observations/1/author")
+    assert _reported("report", document) == _every_error_reported_first("report", document)
+
+
+def test_extra_members_with_a_schema_are_checked_in_key_order_up_to_the_first_failing():
+    entry = {"sha256": "0" * 64, "size": 1}
+    files = {f"f{i:05d}": {"size": "x"} for i in range(20000, 0, -1)} | {"a": entry}
+    document = {"format": "viano-package", "format_version": 1, "case_id": "c", "package_id": "p",
+                "package_generation": 1, "analysis_revision": 1, "project": {"name": "n", "version": "v"},
+                "artifacts": {}, "files": files}
+    errors = list(contracts.validator("package-manifest").iter_errors(document))
+    assert {tuple(e.absolute_path)[:2] for e in errors} == {("files", "f00001")}
+    assert _error("package-manifest", document) == ("SCHEMA_VIOLATION", "/files/f00001")
+
+
 def test_validate_raises_the_callers_error_type():
     with pytest.raises(AdmissionError) as info:
         contracts.validate("package-source", {"format": "viano-package", "format_version": 1}, error=AdmissionError)
