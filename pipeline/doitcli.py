@@ -48,7 +48,14 @@ _CODE_LINE = re.compile(r"^[A-Z][A-Z_]+: ")
 
 
 class ContentHashChecker(FileChangedChecker):
-    """A file_dep changed iff its size or sha256 changed (mtime is ignored)."""
+    """A file_dep changed iff its size or sha256 changed (mtime is ignored).
+
+    A file that cannot be read counts as changed, and is recorded so: doit
+    calls these outside any step of ours (``get_state`` once a task's action
+    has run, to record what it depended on), where an ``OSError`` (a dying
+    disk's EIO, a FIFO put in a cached output's place) became doit's own
+    traceback and exit status 3 after the build had been confirmed. The task
+    then runs again next time, and its step meets the fault with its code."""
 
     def check_modified(self, file_path, file_stat, state):
         if not is_file_state(state):
@@ -56,13 +63,24 @@ class ContentHashChecker(FileChangedChecker):
         size, digest = state
         if file_stat.st_size != size:
             return True
-        return _sha256_file(file_path) != digest
+        try:
+            return _sha256_file(file_path) != digest
+        except OSError:
+            return True
 
     def get_state(self, dep, current_state):
-        state = (os.path.getsize(dep), _sha256_file(dep))
+        try:
+            state = (os.path.getsize(dep), _sha256_file(dep))
+        except OSError:
+            return UNREADABLE_STATE
         if is_file_state(current_state) and tuple(current_state) == state:
             return None
         return state
+
+
+#: What :class:`ContentHashChecker` records for a file it could not read: no
+#: file state, so the next check judges the file changed.
+UNREADABLE_STATE = "unreadable"
 
 
 _DIGESTS: dict[tuple, str] = {}

@@ -2325,3 +2325,37 @@ def test_a_fifo_in_a_cache_records_place_holds_neither_status_nor_a_build(tmp_pa
     built = kit.doit("build", "case=c1", workspace=ws, timeout=60)
     assert built.returncode == 0, built.stderr
     assert len(kit.manifests(ws, "c1")) == generations  # the confirmed case reused
+
+
+def test_a_cached_output_unreadable_once_the_build_is_confirmed_is_no_traceback(tmp_path):
+    """doit records what each task depended on after its action ran, outside
+    any step of ours: a cached output that cannot be read then (a dying disk
+    gave EIO; here a FIFO in its place) made doit's own traceback, exit 3,
+    after the case was confirmed. Now the record says "changed", and the next
+    build makes that output again."""
+    ws = _admitted(tmp_path)
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    child = kit.stepping_doit("build:after-confirm", steps, "build", "case=c1", workspace=ws)
+    try:
+        kit.reach_step(child, steps, "build:after-confirm")
+        summary = ws / ".cache" / "c1" / "out" / "case_summary.md"
+        summary.unlink()
+        os.mkfifo(summary)
+        (steps / "build:after-confirm.go").touch()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert "Traceback" not in err, err
+    assert child.returncode == 0, err
+    assert "confirmed at generation 2" in out
+    summary.unlink()
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert "  render: would run: no cached output" in status.stdout
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "confirmed at generation 2" in again.stdout
+    assert len(kit.manifests(ws, "c1")) == 2
