@@ -566,7 +566,7 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
     if _inside_workspace(destination, ws.root):
         raise VianoError("INVALID_ARGUMENT", "dest is inside the workspace", path=dest)
 
-    from .lifecycle import on_read_only_filesystem
+    from .lifecycle import on_read_only_filesystem, out_of_space
 
     if on_read_only_filesystem(ws.root):
         # Nothing can be locked or rolled forward there (an archived
@@ -574,12 +574,18 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
         # exported as it stands.
         record, package = _observed(ws, case_id)
     else:
-        store = _existing_store(ws, case_id)
         try:
-            with _caught_up(ws, store, case_id) as (record, package):
-                pass  # a publication whose checkpoint was lost is confirmed first
-        finally:
-            store.close()
+            store = _existing_store(ws, case_id)
+            try:
+                with _caught_up(ws, store, case_id) as (record, package):
+                    pass  # a publication whose checkpoint was lost is confirmed first
+            finally:
+                store.close()
+        except VianoError as error:
+            # On a full disk likewise, once the store could not be written.
+            if error.code != "IO_ERROR" or not out_of_space(ws.root):
+                raise
+            record, package = _observed(ws, case_id)
     current = package.manifest(record.generation)
     case_path = current.get("artifacts", {}).get("case")
     if not case_path:

@@ -227,39 +227,73 @@ def _header_says_unwritable(store: "os.PathLike[str]") -> bool:
 def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
     """A read-only connection. A WAL database needs its shared-memory file,
     which a read-only filesystem cannot give when the last writer closed
-    cleanly (and removed it). Then the file is opened as immutable, which
-    needs none but also reads no write-ahead log: refused when one holds
-    changes not yet merged, which that read would silently miss. (A writer
-    may still work through another mount of the same files; what it merges
-    meanwhile an immutable read may miss too: status there is a snapshot.)"""
+    cleanly (and removed it), nor a full one when a writer left it short
+    (SQLite's "disk I/O error"; where blocks are smaller than 4 KiB, a
+    store into a page SQLite mapped but the disk never gave it kills the
+    process by SIGBUS). Then the file is opened as immutable, which needs
+    none but also reads no write-ahead log: refused when one holds changes
+    not yet merged, which that read would silently miss. (A writer may still
+    work meanwhile, through another mount of the same files or once space is
+    freed; what it merges then an immutable read may miss too: status there
+    is a snapshot.)"""
     uri = path.absolute().as_uri()
-    conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
-    try:
-        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-        return conn
-    except sqlite3.OperationalError as exc:
-        conn.close()
-        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
-            # A hot rollback journal: a writer died inside a transaction, and
-            # only a writer may roll it back. The store writes that journal only
-            # while it is created (switching to WAL, before any table exists);
-            # if the file is still that one page, it holds no case yet, and the
-            # next admission rolls the switch back and creates it anew.
-            if _at_most_one_page(path):
-                raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
+    full = out_of_space(path.parent)
+    if not (full and not _wal_holds_changes(path)):
+        conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            error_name = getattr(exc, "sqlite_errorname", "")
+            if error_name == "SQLITE_READONLY_ROLLBACK":
+                # A hot rollback journal: a writer died inside a transaction, and
+                # only a writer may roll it back. The store writes that journal only
+                # while it is created (switching to WAL, before any table exists);
+                # if the file is still that one page, it holds no case yet, and the
+                # next admission rolls the switch back and creates it anew.
+                if _at_most_one_page(path):
+                    raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
+                raise LifecycleError(
+                    "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
+                    "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
+                ) from None
+            full = full or out_of_space(path.parent)
+            if not (error_name == "SQLITE_CANTOPEN" and on_read_only_filesystem(path.parent)) and not (
+                full and (error_name.startswith("SQLITE_IOERR") or error_name in ("SQLITE_CANTOPEN", "SQLITE_FULL"))
+            ):
+                raise
+        if _wal_holds_changes(path):
+            where = "is full (no space or no inodes left)" if full else "is read-only"
             raise LifecycleError(
-                "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
-                "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
-            ) from None
-        if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN" or not on_read_only_filesystem(path.parent):
-            raise
-    wal = path.with_name(path.name + "-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        raise LifecycleError(
-            "IO_ERROR", "the checkpoint store has changes not yet merged from its write-ahead log and sits on a "
-            "read-only filesystem, where they cannot be read", path=path.name,
-        )
+                "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and its "
+                f"filesystem {where}, where they cannot be read", path=path.name,
+            )
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
+
+
+def _wal_holds_changes(path) -> bool:
+    wal = path.with_name(path.name + "-wal")
+    try:
+        return wal.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+#: Less free space than this, for an unprivileged writer, counts as full for
+#: SQLite's shared-memory file (it grows by 32 KiB at a time).
+_NEARLY_FULL_BYTES = 1 << 20
+
+
+def out_of_space(directory) -> bool:
+    """Whether the filesystem of ``directory`` is (nearly) out of space or of
+    inodes (False when it cannot be told)."""
+    try:
+        found = os.statvfs(directory)
+    except OSError:
+        return False
+    no_inodes = found.f_files > 0 and found.f_favail == 0
+    return found.f_bavail * found.f_frsize < _NEARLY_FULL_BYTES or no_inodes
 
 
 def _at_most_one_page(path) -> bool:

@@ -2359,3 +2359,37 @@ def test_a_cached_output_unreadable_once_the_build_is_confirmed_is_no_traceback(
     assert again.returncode == 0, again.stderr
     assert "confirmed at generation 2" in again.stdout
     assert len(kit.manifests(ws, "c1")) == 2
+
+
+def test_status_export_and_probes_read_the_store_on_a_full_disk(tmp_path):
+    """A build that failed for want of space leaves SQLite's shared-memory
+    file short; readers must grow it and cannot ("disk I/O error"), so on a
+    full disk status, export and probes of every case failed although the
+    write-ahead log was empty. They now read the store without it."""
+    volume, ws, dest = tmp_path / "volume", tmp_path / "volume" / "ws", tmp_path / "exported"
+    volume.mkdir()
+    source = standard_package(tmp_path / "src")
+    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
+    filler = tmp_path / "fill.py"  # leaves 40 KiB free on the volume
+    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
+                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize - 40960)\n")
+    q = shlex.quote
+    fill = f"{q(sys.executable)} {q(str(filler))}"
+    script = " && ".join([
+        f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
+        f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}",
+        _doit_line("admit", "case=c0", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
+        _doit_line("build", "case=c0", workspace=ws) + " >/dev/null 2>&1",
+        _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
+        fill,
+        "{ " + _doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1; echo build=$?; }",
+        "{ " + _doit_line("status", "case=c0", workspace=ws) + "; echo status=$?; }",
+        "{ " + _doit_line("probes", "case=c0", workspace=ws) + "; echo probes=$?; }",
+        "{ " + _doit_line("export", "case=c0", f"dest={dest}", workspace=ws) + "; echo export=$?; }",
+    ])
+    result = _in_mount_namespace(script)
+    assert "build=1" in result.stdout, (result.stdout, result.stderr)  # the disk is full indeed
+    assert "status=0" in result.stdout and "state: BUILDING_CASE" in result.stdout, (result.stdout, result.stderr)
+    assert "probes=0" in result.stdout and "export=0" in result.stdout, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and "disk I/O error" not in result.stderr, result.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
