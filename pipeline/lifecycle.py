@@ -264,10 +264,10 @@ def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
             ):
                 raise
         if _wal_holds_changes(path):
-            where = "is full (no space or no inodes left)" if full else "is read-only"
+            where = "a full filesystem (no space or no inodes left)" if full else "a read-only filesystem"
             raise LifecycleError(
-                "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and its "
-                f"filesystem {where}, where they cannot be read", path=path.name,
+                "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and sits on "
+                f"{where}, where they cannot be read", path=path.name,
             )
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
 

@@ -2393,3 +2393,40 @@ def test_status_export_and_probes_read_the_store_on_a_full_disk(tmp_path):
     assert "probes=0" in result.stdout and "export=0" in result.stdout, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and "disk I/O error" not in result.stderr, result.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["case.json", "case_summary.md", "manifest.json"]
+
+
+def test_status_on_a_full_disk_refuses_a_log_it_cannot_read(tmp_path):
+    # As on a read-only filesystem: read without the shared-memory file, SQLite
+    # would skip the write-ahead log and show an older state without a word.
+    volume, ws = tmp_path / "volume", tmp_path / "volume" / "ws"
+    volume.mkdir()
+    source = standard_package(tmp_path / "src")
+    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
+    holder = tmp_path / "hold.py"  # a connection that never merges the log: it stays
+    holder.write_text("import sqlite3, sys, time\nc = sqlite3.connect(sys.argv[1]); c.execute('select 1 from cases').fetchall()\n"
+                      "open(sys.argv[2], 'w').close(); time.sleep(60)\n")
+    filler = tmp_path / "fill.py"
+    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
+                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize)\n")
+    q = shlex.quote
+    ready = tmp_path / "ready"
+    script = " && ".join([
+        f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
+        f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}",
+        _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
+        _doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1",
+        f"{{ {q(sys.executable)} {q(str(holder))} {q(str(ws / 'checkpoints.sqlite3'))} {q(str(ready))} & }}",
+        f"while [ ! -e {q(str(ready))} ]; do sleep 0.05; done",
+        _doit_line("reopen", "case=c1", "by=human:a", "reason=r", workspace=ws) + " >/dev/null 2>&1",
+        "kill $!", "{ wait; true; }", f"test -s {q(str(ws / 'checkpoints.sqlite3-wal'))}",
+        # With its shared-memory file in place a reader needs no space (and reads
+        # the log); without it, one must be made, which a full disk refuses.
+        "{ " + _doit_line("status", "case=c1", workspace=ws) + " >/dev/null; echo before=$?; }",
+        f"rm {q(str(ws / 'checkpoints.sqlite3-shm'))}",
+        f"{q(sys.executable)} {q(str(filler))}",
+        "{ " + _doit_line("status", "case=c1", workspace=ws) + "; s=$?; echo status=$s; exit $s; }",
+    ])
+    result = _in_mount_namespace(script)
+    assert "before=0" in result.stdout and "status=1" in result.stdout, (result.stdout, result.stderr)
+    line = _one_line_error(result, "IO_ERROR")
+    assert "write-ahead log" in line and "full filesystem" in line, line
