@@ -1201,9 +1201,9 @@ def _assemble_spliced(
     # log or other opaque file is listed by the part without being read.
     added = len(snapshot["reports"]) + len(snapshot["reproductions"]) - len(carried_paths)
     if added:
-        _progress(f"assemble: {added} new document(s) appended to the {len(carried_paths)} of the previous build")
+        _progress(f"assemble: {added} new document(s) appended to the {len(carried_paths)} of the last assembly")
     else:  # a reopen built before anything was appended, or only opaque files were
-        _progress(f"assemble: no new document since the previous build; its {len(carried_paths)} carried forward")
+        _progress(f"assemble: no new document since the last assembly; its {len(carried_paths)} carried forward")
     return True
 
 

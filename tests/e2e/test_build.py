@@ -940,7 +940,7 @@ def test_an_append_rebuild_splices_the_previous_case_and_matches_a_whole_build(t
     damaged one or with a cached output changed since, it assembles whole."""
     runs = {damage: _append_rebuild(tmp_path / str(damage), damage) for damage in (None, "no-state", "state", "cached-case")}
     for damage, (stderr, _) in runs.items():
-        spliced = "assemble: 2 new document(s) appended to the 3 of the previous build" in stderr
+        spliced = "assemble: 2 new document(s) appended to the 3 of the last assembly" in stderr
         assert spliced == (damage is None), (damage, stderr)
     outputs = {damage: run[1] for damage, run in runs.items()}
     assert outputs[None] == outputs["no-state"] == outputs["state"] == outputs["cached-case"]

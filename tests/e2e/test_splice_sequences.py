@@ -9,8 +9,8 @@ included, workspace paths aside), every published case.json and
 case_summary.md byte for byte, the build's cached outputs (published or,
 after `doit render`, not), and every package file and manifest.
 Where the splice applies, ``A`` must also say it spliced (the stderr line
-``assemble: N new document(s) appended to the M of the previous build``, or
-``assemble: no new document since the previous build; its M carried forward``).
+``assemble: N new document(s) appended to the M of the last assembly``, or
+``assemble: no new document since the last assembly; its M carried forward``).
 
 Pure-function properties of the splice are in tests/test_splice.py; this
 file holds the build-level decisions (``_splice_start``, the carried
@@ -34,8 +34,8 @@ from tests.e2e import kit
 from tests.e2e.test_build import standard_package
 
 SPLICED = re.compile(
-    r"^assemble: (?:(\d+) new document\(s\) appended to the (\d+) of the previous build"
-    r"|no new document since the previous build; its (\d+) carried forward)$",
+    r"^assemble: (?:(\d+) new document\(s\) appended to the (\d+) of the last assembly"
+    r"|no new document since the last assembly; its (\d+) carried forward)$",
     re.M,
 )
 _PROGRESS = re.compile(r"^(\.  |-- )\S")  # doit's task lines: the same tasks run in A and B
@@ -241,7 +241,7 @@ def test_reproduction_appends_splice_across_every_reopen(tmp_path):
 
     _reopen(twins, "again")
     built = twins.run("build", "case=c1", splice=(0, 4))  # a reopen built without any append
-    assert "assemble: no new document since the previous build; its 4 carried forward\n" in built.stderr
+    assert "assemble: no new document since the last assembly; its 4 carried forward\n" in built.stderr
 
     _reopen(twins, "third")
     repro3 = kit.reproduction(steps=["Wait"], observations=[{"text": "Still off", "claim": {"key": "switch.state", "value": "on"}}],
