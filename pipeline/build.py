@@ -1409,7 +1409,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     """
     from .faults import crashpoint
     from .packages import PackageWriter
-    from .recovery import roll_forward
+    from .recovery import recording_what_was_published, roll_forward
 
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
@@ -1440,16 +1440,17 @@ def step_publish(workspace_root, case_id) -> BuildResult:
                     artifacts={"case": outputs["case"], "case_summary": outputs["case_summary"]},
                 )
                 crashpoint("build:after-publish")
-                store.advance(
-                    case_id,
-                    "case_built",
-                    expected_generation=record.generation,
-                    new_generation=manifest["package_generation"],
-                    step_id=plan["step_id"],
-                    request_hash=plan["request_hash"],
-                    artifacts=[outputs["case"], outputs["case_summary"], outputs["case_built"]],
-                    manifest_sha256=package.manifest_sha256(manifest["package_generation"]),
-                )
+                with recording_what_was_published(case_id, manifest["package_generation"]):
+                    store.advance(
+                        case_id,
+                        "case_built",
+                        expected_generation=record.generation,
+                        new_generation=manifest["package_generation"],
+                        step_id=plan["step_id"],
+                        request_hash=plan["request_hash"],
+                        artifacts=[outputs["case"], outputs["case_summary"], outputs["case_built"]],
+                        manifest_sha256=package.manifest_sha256(manifest["package_generation"]),
+                    )
                 crashpoint("build:after-confirm")
                 result = BuildResult(status="published", generation=manifest["package_generation"], **outputs)
                 verified = {

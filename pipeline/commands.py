@@ -242,11 +242,14 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                 new_manifest = PackageWriter(package).publish(
                     record.generation, files, artifacts={"case_inputs": index_path}
                 )
-                store.advance(
-                    case_id, "intake", expected_generation=record.generation,
-                    new_generation=new_manifest["package_generation"],
-                    manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
-                )
+                from .recovery import recording_what_was_published
+
+                with recording_what_was_published(case_id, new_manifest["package_generation"]):
+                    store.advance(
+                        case_id, "intake", expected_generation=record.generation,
+                        new_generation=new_manifest["package_generation"],
+                        manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
+                    )
             finally:
                 staged.cleanup()
     finally:
@@ -520,12 +523,15 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                 {f"inputs/{generation}/reopen.json": pretty_bytes(note)},
                 analysis_revision=record.analysis_revision + 1,
             )
-            store.advance(
-                case_id, "reopen", expected_generation=record.generation,
-                new_generation=new_manifest["package_generation"],
-                detail={"by": source, "reason": text},
-                manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
-            )
+            from .recovery import recording_what_was_published
+
+            with recording_what_was_published(case_id, new_manifest["package_generation"]):
+                store.advance(
+                    case_id, "reopen", expected_generation=record.generation,
+                    new_generation=new_manifest["package_generation"],
+                    detail={"by": source, "reason": text},
+                    manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
+                )
             leave_prior_view(ws, case_id, package)
     finally:
         store.close()

@@ -17,18 +17,40 @@ Callers hold the case lock.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
-from .errors import IntegrityError
+from .errors import IntegrityError, VianoError
 from .jsoncanon import decode_strict
 from .plan import case_paths_for
 from .workspace import ADMISSION_MARKER, is_staging_name
 
-__all__ = ["roll_forward", "remove_unpublished_content", "check_store_is_the_packages"]
+__all__ = ["roll_forward", "recording_what_was_published", "remove_unpublished_content", "check_store_is_the_packages"]
 
 _CASE_BUILT_LIMIT = 1024 * 1024
 _MANIFEST_PARSE_LIMIT = 64 * 1024 * 1024
+
+
+@contextlib.contextmanager
+def recording_what_was_published(case_id: str, generation: int):
+    """Around the checkpoint of a generation just published: when the store
+    cannot be written (a full disk), the refusal says the work is not lost.
+    The manifest is the commit point, and the next command on the case takes
+    the generation in (:func:`roll_forward`); a bare ``IO_ERROR`` read as if
+    nothing had been done."""
+    try:
+        yield
+    except VianoError as error:
+        if error.code != "IO_ERROR":
+            raise
+        raise type(error)(
+            error.code,
+            f"{error.message}; generation {generation} was published before this, and the next command on case "
+            f"{case_id} takes it in",
+            path=error.path,
+            pointer=error.pointer,
+        ) from None
 
 
 def roll_forward(store, package, case_id: str):

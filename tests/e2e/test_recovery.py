@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -2430,3 +2431,49 @@ def test_status_on_a_full_disk_refuses_a_log_it_cannot_read(tmp_path):
     assert "before=0" in result.stdout and "status=1" in result.stdout, (result.stdout, result.stderr)
     line = _one_line_error(result, "IO_ERROR")
     assert "write-ahead log" in line and "full filesystem" in line, line
+
+
+@pytest.mark.parametrize("command", ["build", "append", "reopen"])
+def test_a_publication_the_full_store_could_not_record_says_it_is_published(tmp_path, command):
+    """The manifest is the commit point: when the store cannot record the
+    generation after it (a full disk), the refusal says the work is kept and
+    the next command takes it in, rather than a bare IO_ERROR."""
+    volume, ws, steps = tmp_path / "volume", tmp_path / "volume" / "ws", tmp_path / "steps"
+    volume.mkdir()
+    steps.mkdir()
+    source = standard_package(tmp_path / "src")
+    extra = kit.make_append(tmp_path / "extra", files={"original/n.json": kit.report("N")},
+                            index=kit.index(reports=["original/n.json"]))
+    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
+    filler = tmp_path / "fill.py"
+    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
+                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize)\n")
+    arguments = {"build": ["build", "case=c1"], "append": ["append", "case=c1", f"source={extra}"],
+                 "reopen": ["reopen", "case=c1", "by=human:a", "reason=r"]}[command]
+    published = {"build": 2, "append": 2, "reopen": 3}[command]
+    point = "publish:after-manifest-link"
+    q = shlex.quote
+    stepping = " ".join(q(a) for a in [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), point,
+                                       str(steps), "-f", str(REPO / "dodo.py"), "-d", str(REPO), *arguments, f"workspace={ws}"])
+    script = " && ".join([
+        f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
+        f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}",
+        _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
+        *([_doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1"] if command == "reopen" else []),
+        f"{{ {stepping} >/dev/null 2>{q(str(tmp_path / 'err'))} & }}",
+        f"while [ ! -e {q(str(steps / (point + '.ready')))} ]; do sleep 0.05; done",
+        f"{q(sys.executable)} {q(str(filler))}",
+        f"touch {q(str(steps / (point + '.go')))}",
+        "{ wait $!; echo first=$?; }",
+        f"rm {q(str(volume / 'filler'))}",
+        "{ " + _doit_line(*arguments, workspace=ws) + "; echo again=$?; }",
+        f"ls {q(str(ws / 'cases' / 'c1' / 'packages' / 'pkg-1' / 'manifests'))}",
+    ])
+    result = _in_mount_namespace(script)
+    failed = (tmp_path / "err").read_text().strip().splitlines()[-1]
+    assert "first=1" in result.stdout, (result.stdout, result.stderr, failed)
+    assert failed.startswith("IO_ERROR: "), failed
+    assert f"generation {published} was published before this, and the next command on case c1 takes it in" in failed, failed
+    assert "again=0" in result.stdout, (result.stdout, result.stderr)
+    listed = re.findall(r"^[0-9]+\.json$", result.stdout, re.M)
+    assert listed == [f"{n:06d}.json" for n in range(1, published + 1)], result.stdout  # taken in, not published again
