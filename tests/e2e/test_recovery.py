@@ -2362,27 +2362,38 @@ def test_a_cached_output_unreadable_once_the_build_is_confirmed_is_no_traceback(
     assert len(kit.manifests(ws, "c1")) == 2
 
 
+def _small_volume(tmp_path: Path) -> tuple[Path, Path, list[str], str]:
+    """A 30 MiB tmpfs for a workspace, as shell steps for :func:`_in_mount_namespace`:
+    (volume, workspace, the steps that mount it and make the workspace with
+    limits.json (no free-disk reserve, so that admissions fit), and a command
+    that fills the volume but for ``FREE`` bytes, an environment variable, 0
+    unless set; ``rm VOLUME/filler`` frees it again)."""
+    volume, ws = tmp_path / "volume", tmp_path / "volume" / "ws"
+    volume.mkdir()
+    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
+    filler = tmp_path / "fill.py"
+    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
+                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize - int(os.environ.get('FREE', '0')))\n")
+    q = shlex.quote
+    setup = [f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
+             f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}"]
+    return volume, ws, setup, f"{q(sys.executable)} {q(str(filler))}"
+
+
 def test_status_export_and_probes_read_the_store_on_a_full_disk(tmp_path):
     """A build that failed for want of space leaves SQLite's shared-memory
     file short; readers must grow it and cannot ("disk I/O error"), so on a
     full disk status, export and probes of every case failed although the
     write-ahead log was empty. They now read the store without it."""
-    volume, ws, dest = tmp_path / "volume", tmp_path / "volume" / "ws", tmp_path / "exported"
-    volume.mkdir()
+    volume, ws, setup, fill = _small_volume(tmp_path)
+    dest = tmp_path / "exported"
     source = standard_package(tmp_path / "src")
-    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
-    filler = tmp_path / "fill.py"  # leaves 40 KiB free on the volume
-    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
-                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize - 40960)\n")
-    q = shlex.quote
-    fill = f"{q(sys.executable)} {q(str(filler))}"
     script = " && ".join([
-        f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
-        f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}",
+        *setup,
         _doit_line("admit", "case=c0", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
         _doit_line("build", "case=c0", workspace=ws) + " >/dev/null 2>&1",
         _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
-        fill,
+        "FREE=40960 " + fill,
         "{ " + _doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1; echo build=$?; }",
         "{ " + _doit_line("status", "case=c0", workspace=ws) + "; echo status=$?; }",
         "{ " + _doit_line("probes", "case=c0", workspace=ws) + "; echo probes=$?; }",
@@ -2399,21 +2410,15 @@ def test_status_export_and_probes_read_the_store_on_a_full_disk(tmp_path):
 def test_status_on_a_full_disk_refuses_a_log_it_cannot_read(tmp_path):
     # As on a read-only filesystem: read without the shared-memory file, SQLite
     # would skip the write-ahead log and show an older state without a word.
-    volume, ws = tmp_path / "volume", tmp_path / "volume" / "ws"
-    volume.mkdir()
+    volume, ws, setup, fill = _small_volume(tmp_path)
     source = standard_package(tmp_path / "src")
-    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
     holder = tmp_path / "hold.py"  # a connection that never merges the log: it stays
     holder.write_text("import sqlite3, sys, time\nc = sqlite3.connect(sys.argv[1]); c.execute('select 1 from cases').fetchall()\n"
                       "open(sys.argv[2], 'w').close(); time.sleep(60)\n")
-    filler = tmp_path / "fill.py"
-    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
-                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize)\n")
     q = shlex.quote
     ready = tmp_path / "ready"
     script = " && ".join([
-        f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
-        f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}",
+        *setup,
         _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
         _doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1",
         f"{{ {q(sys.executable)} {q(str(holder))} {q(str(ws / 'checkpoints.sqlite3'))} {q(str(ready))} & }}",
@@ -2424,7 +2429,7 @@ def test_status_on_a_full_disk_refuses_a_log_it_cannot_read(tmp_path):
         # the log); without it, one must be made, which a full disk refuses.
         "{ " + _doit_line("status", "case=c1", workspace=ws) + " >/dev/null; echo before=$?; }",
         f"rm {q(str(ws / 'checkpoints.sqlite3-shm'))}",
-        f"{q(sys.executable)} {q(str(filler))}",
+        fill,
         "{ " + _doit_line("status", "case=c1", workspace=ws) + "; s=$?; echo status=$s; exit $s; }",
     ])
     result = _in_mount_namespace(script)
@@ -2438,16 +2443,12 @@ def test_a_publication_the_full_store_could_not_record_says_it_is_published(tmp_
     """The manifest is the commit point: when the store cannot record the
     generation after it (a full disk), the refusal says the work is kept and
     the next command takes it in, rather than a bare IO_ERROR."""
-    volume, ws, steps = tmp_path / "volume", tmp_path / "volume" / "ws", tmp_path / "steps"
-    volume.mkdir()
+    volume, ws, setup, fill = _small_volume(tmp_path)
+    steps = tmp_path / "steps"
     steps.mkdir()
     source = standard_package(tmp_path / "src")
     extra = kit.make_append(tmp_path / "extra", files={"original/n.json": kit.report("N")},
                             index=kit.index(reports=["original/n.json"]))
-    limits = json.dumps({"format": "viano-workspace-limits", "format_version": 1, "admission": {"free_disk_reserve": 0}})
-    filler = tmp_path / "fill.py"
-    filler.write_text(f"import os\nv = os.statvfs({str(volume)!r})\nfd = os.open({str(volume / 'filler')!r}, os.O_CREAT | os.O_WRONLY)\n"
-                      "os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize)\n")
     arguments = {"build": ["build", "case=c1"], "append": ["append", "case=c1", f"source={extra}"],
                  "reopen": ["reopen", "case=c1", "by=human:a", "reason=r"]}[command]
     published = {"build": 2, "append": 2, "reopen": 3}[command]
@@ -2456,13 +2457,12 @@ def test_a_publication_the_full_store_could_not_record_says_it_is_published(tmp_
     stepping = " ".join(q(a) for a in [sys.executable, str(REPO / "tests" / "procs" / "doit_stepping.py"), point,
                                        str(steps), "-f", str(REPO / "dodo.py"), "-d", str(REPO), *arguments, f"workspace={ws}"])
     script = " && ".join([
-        f"mount -t tmpfs -o size=30m tmpfs {q(str(volume))}", f"mkdir {q(str(ws))}",
-        f"printf %s {q(limits)} > {q(str(ws / 'limits.json'))}",
+        *setup,
         _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
         *([_doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1"] if command == "reopen" else []),
         f"{{ {stepping} >/dev/null 2>{q(str(tmp_path / 'err'))} & }}",
         f"while [ ! -e {q(str(steps / (point + '.ready')))} ]; do sleep 0.05; done",
-        f"{q(sys.executable)} {q(str(filler))}",
+        fill,
         f"touch {q(str(steps / (point + '.go')))}",
         "{ wait $!; echo first=$?; }",
         f"rm {q(str(volume / 'filler'))}",
