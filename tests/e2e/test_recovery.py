@@ -2385,7 +2385,7 @@ def test_status_export_and_probes_read_the_store_on_a_full_disk(tmp_path):
     file short; readers must grow it and cannot ("disk I/O error"), so on a
     full disk status, export and probes of every case failed although the
     write-ahead log was empty. They now read the store without it."""
-    volume, ws, setup, fill = _small_volume(tmp_path)
+    _, ws, setup, fill = _small_volume(tmp_path)
     dest = tmp_path / "exported"
     source = standard_package(tmp_path / "src")
     script = " && ".join([
@@ -2410,7 +2410,7 @@ def test_status_export_and_probes_read_the_store_on_a_full_disk(tmp_path):
 def test_status_on_a_full_disk_refuses_a_log_it_cannot_read(tmp_path):
     # As on a read-only filesystem: read without the shared-memory file, SQLite
     # would skip the write-ahead log and show an older state without a word.
-    volume, ws, setup, fill = _small_volume(tmp_path)
+    _, ws, setup, fill = _small_volume(tmp_path)
     source = standard_package(tmp_path / "src")
     holder = tmp_path / "hold.py"  # a connection that never merges the log: it stays
     holder.write_text("import sqlite3, sys, time\nc = sqlite3.connect(sys.argv[1]); c.execute('select 1 from cases').fetchall()\n"
