@@ -419,6 +419,14 @@ class CheckpointStore:
             # would give it a fresh schema. (With a write-ahead log beside it
             # the log may still hold every table.)
             refuse_a_lost_store(workspace, "empty")
+        if not read_only and out_of_space(path.parent):
+            # A writer on a full disk fails anyway; and where blocks are
+            # smaller than 4 KiB, SQLite's store into a shared-memory page the
+            # disk never backed is SIGBUS, a death without a line.
+            raise LifecycleError(
+                "IO_ERROR", f"the workspace's filesystem is full (under {_NEARLY_FULL_BYTES >> 20} MiB or no inode left), "
+                "where the checkpoint store cannot be written", path=path.name,
+            )
         try:
             if read_only:
                 conn = _connect_read_only(path, busy_timeout)

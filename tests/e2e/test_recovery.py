@@ -2477,3 +2477,26 @@ def test_a_publication_the_full_store_could_not_record_says_it_is_published(tmp_
     assert "again=0" in result.stdout, (result.stdout, result.stderr)
     listed = re.findall(r"^[0-9]+\.json$", result.stdout, re.M)
     assert listed == [f"{n:06d}.json" for n in range(1, published + 1)], result.stdout  # taken in, not published again
+
+
+def test_commands_that_write_the_store_refuse_a_full_disk_with_a_line(tmp_path):
+    """A full disk fails a writer anyway, and where blocks are under 4 KiB
+    SQLite could die by SIGBUS in its shared-memory file (no line at all):
+    the store is not opened for writing there."""
+    _, ws, setup, fill = _small_volume(tmp_path)
+    source = standard_package(tmp_path / "src")
+    commands = {"reopen": ["reopen", "case=c1", "by=human:a", "reason=r"], "build": ["build", "case=c1"]}
+    script = " && ".join([
+        *setup,
+        _doit_line("admit", "case=c1", f"source={source}", workspace=ws) + " >/dev/null 2>&1",
+        _doit_line("build", "case=c1", workspace=ws) + " >/dev/null 2>&1",
+        fill,
+        *("{ " + _doit_line(*arguments, workspace=ws) + f" 2>&1 | tail -1; }}" for arguments in commands.values()),
+        "{ " + _doit_line("status", "case=c1", workspace=ws) + " | grep '^generation'; }",
+    ])
+    result = _in_mount_namespace(script)
+    lines = result.stdout.splitlines()
+    refusals = [line for line in lines if line.startswith("IO_ERROR: ")]
+    assert len(refusals) == 2, result.stdout + result.stderr
+    assert all("filesystem is full" in line and "(checkpoints.sqlite3)" in line for line in refusals), refusals
+    assert "generation: 2" in lines, result.stdout  # nothing was recorded
