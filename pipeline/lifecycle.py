@@ -419,6 +419,10 @@ class CheckpointStore:
             # would give it a fresh schema. (With a write-ahead log beside it
             # the log may still hold every table.)
             refuse_a_lost_store(workspace, "empty")
+        if not read_only and on_read_only_filesystem(path.parent):
+            # SQLite's own word for it is "unable to open database file".
+            raise LifecycleError("IO_ERROR", "the workspace's filesystem is read-only, where the checkpoint store cannot be written",
+                                 path=path.name)
         if not read_only and out_of_space(path.parent):
             # A writer on a full disk fails anyway; and where blocks are
             # smaller than 4 KiB, SQLite's store into a shared-memory page the

@@ -1887,15 +1887,20 @@ def test_export_from_a_read_only_workspace(tmp_path):
 
 
 @pytest.mark.parametrize(("command", "names"), [(("reopen", "by=human:a", "reason=r"), "(checkpoints.sqlite3)"),
+                                                (("append", "source=APPEND"), "(checkpoints.sqlite3)"),
                                                 (("build",), "/.locks/c1.lock)")])
 def test_a_writing_command_on_a_read_only_workspace_names_the_file_it_cannot_write(tmp_path, command, names):
+    # And says why: SQLite's own word for a store it cannot write there was
+    # "unable to open database file" (reopen and append, until session 22).
     ws = _admitted(tmp_path)
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    extra = _report_append(tmp_path, "extra", ["original/report-a.json", "original/report-b.json"])
+    command = tuple(f"source={extra}" if argument == "source=APPEND" else argument for argument in command)
     before = kit.tree_digest(ws)
     result = _in_mount_namespace(f"mount --bind -o ro {shlex.quote(str(ws))} {shlex.quote(str(ws))} && "
                                  + _doit_line(*command, "case=c1", workspace=ws))
     line = _one_line_error(result, "IO_ERROR")
-    assert line.endswith(names), line
+    assert line.endswith(names) and "read-only" in line.lower(), line
     assert kit.tree_digest(ws) == before
 
 
