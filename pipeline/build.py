@@ -640,7 +640,7 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     data = package.read_verified(path, max(bound, size), manifest=_planned(path, sha256, size))
     try:
         if size > bound:
-            raise CaseBuildError("LIMIT_EXCEEDED", f"{size} bytes, limit {bound}", path=path)
+            raise CaseBuildError("LIMIT_EXCEEDED", f"{size} bytes, limit {bound}{raise_hint('document_bytes', bound)}", path=path)
         document = read_document(data, contract, path=path, max_bytes=bound)
         role = _FRAGMENT_ROLES.get(contract)
         if role is None:

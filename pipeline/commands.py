@@ -456,9 +456,12 @@ def _check_the_build_would_fit(
         check_aggregate_limits(plan, limits)
         check_index_history(plan, limits)
     except VianoError as error:
+        # "N things, limit L (hint)" -> "N things (limit L; hint)"
+        what, _, hint = error.message.partition(" (")
+        hint = f"; {hint[:-1]}" if hint.endswith(")") else ""
         raise CaseBuildError(
             "LIMIT_EXCEEDED",
-            f"after this append the build would read {error.message.replace(', limit', ' (limit')}); what earlier "
+            f"after this append the build would read {what.replace(', limit', ' (limit')}{hint}); what earlier "
             "indexes listed stays inherited, so nothing was appended",
             path="case-inputs.json",
         ) from None

@@ -441,12 +441,14 @@ def check_limits(plan: dict, limits: CaseBuilderLimits) -> None:
     """CaseBuilderLimits, from manifest sizes, before anything is parsed."""
     current = plan["index"]
     if current and current["size"] > limits.document_bytes:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"index is {current['size']} bytes, limit {limits.document_bytes}", path=current["path"])
+        raise CaseBuildError("LIMIT_EXCEEDED", f"index is {current['size']} bytes, limit {limits.document_bytes}"
+                             f"{raise_hint('document_bytes', limits.document_bytes)}", path=current["path"])
     check_aggregate_limits(plan, limits)
     for doc in plan["documents"]:
         if doc["size"] > limits.document_bytes and not doc.get("lenient"):
             # (an inherited one: read_input refuses it and assemble drops it with a gap)
-            raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}", path=doc["path"])
+            raise CaseBuildError("LIMIT_EXCEEDED", f"document is {doc['size']} bytes, limit {limits.document_bytes}"
+                                 f"{raise_hint('document_bytes', limits.document_bytes)}", path=doc["path"])
     prior = plan.get("prior_case")
     if prior is not None and prior["size"] > limits.case_bytes:
         raise CaseBuildError("LIMIT_EXCEEDED", f"prior case is {prior['size']} bytes, limit {limits.case_bytes}{raise_hint('case_bytes', limits.case_bytes)}",
@@ -459,14 +461,15 @@ def check_aggregate_limits(plan: dict, limits: CaseBuilderLimits) -> None:
     current = plan["index"]
     counted = len(plan["documents"]) + (1 if current else 0)
     if counted > limits.documents:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}",
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{counted} structured documents, limit {limits.documents}{raise_hint('documents', limits.documents)}",
                              path=current["path"] if current else None)
     structured_bytes = current["size"] if current else 0
     for doc in plan["documents"]:
         if doc["size"] <= limits.document_bytes or not doc.get("lenient"):
             structured_bytes += doc["size"]
     if structured_bytes > limits.aggregate_bytes:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}",
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{structured_bytes} bytes of structured input, limit {limits.aggregate_bytes}"
+                             f"{raise_hint('aggregate_bytes', limits.aggregate_bytes)}",
                              path=current["path"] if current else None)
 
 
@@ -479,7 +482,8 @@ def check_index_history(plan: dict, limits: CaseBuilderLimits) -> None:
     total = sum(ref["size"] for ref in plan["index_history"])
     if total > limits.aggregate_bytes:
         current = plan["index"]
-        raise CaseBuildError("LIMIT_EXCEEDED", f"{total} bytes of indexes in all, limit {limits.aggregate_bytes}",
+        raise CaseBuildError("LIMIT_EXCEEDED", f"{total} bytes of indexes in all, limit {limits.aggregate_bytes}"
+                             f"{raise_hint('aggregate_bytes', limits.aggregate_bytes)}",
                              path=current["path"] if current else None)
 
 

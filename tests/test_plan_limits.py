@@ -28,7 +28,7 @@ def test_appends_keep_the_indexes_of_a_package_within_the_aggregate_limit():
     with pytest.raises(CaseBuildError) as info:
         check_index_history(_plan([], history, history[1]), limits)  # 550
     assert info.value.code == "LIMIT_EXCEEDED"
-    assert info.value.message == "550 bytes of indexes in all, limit 500"
+    assert info.value.message == "550 bytes of indexes in all, limit 500 (a workspace's limits.json can raise case_builder.aggregate_bytes up to 67108864)"
     assert info.value.path == "inputs/2/case-inputs.json"
     check_aggregate_limits(_plan([], history, history[1]), limits)  # the build counts the current index only
 
@@ -41,7 +41,7 @@ def test_the_aggregate_counts_each_index_once_and_skips_inherited_documents_over
     check_aggregate_limits(_plan(docs, [current], current), limits)  # 950
     with pytest.raises(CaseBuildError) as info:
         check_aggregate_limits(_plan([*docs, _ref("c.json", 100)], [current], current), limits)
-    assert info.value.message == "1050 bytes of structured input, limit 1000"
+    assert info.value.message == "1050 bytes of structured input, limit 1000 (a workspace's limits.json can raise case_builder.aggregate_bytes up to 67108864)"
 
 
 def test_the_document_count_includes_the_current_index_and_names_it():
@@ -50,5 +50,5 @@ def test_the_document_count_includes_the_current_index_and_names_it():
     check_aggregate_limits(_plan([_ref("a", 1), _ref("b", 1)], [current], current), limits)
     with pytest.raises(CaseBuildError) as info:
         check_limits(_plan([_ref("a", 1), _ref("b", 1), _ref("c", 1)], [current], current), limits)
-    assert info.value.message == "4 structured documents, limit 3"
+    assert info.value.message == "4 structured documents, limit 3 (a workspace's limits.json can raise case_builder.documents up to 4096)"
     assert info.value.path == "inputs/3/case-inputs.json"

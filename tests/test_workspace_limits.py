@@ -277,7 +277,8 @@ def test_append_refuses_by_the_configured_document_count(tmp_path):
     refused = doit("append", "case=c1", f"source={extra}", workspace=ws)
     assert refused.returncode != 0
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.startswith("LIMIT_EXCEEDED: after this append the build would read 257 structured documents (limit 256)"), last
+    assert last.startswith("LIMIT_EXCEEDED: after this append the build would read 257 structured documents (limit 256; "
+                           "a workspace's limits.json can raise case_builder.documents up to 4096); what earlier"), last
     assert tree_digest(ws) == before
     _write(ws, _limits(case_builder={"documents": 300}))
     appended = doit("append", "case=c1", f"source={extra}", workspace=ws)

@@ -2171,7 +2171,7 @@ def test_an_append_no_build_could_take_is_refused_before_anything_is_written(tmp
 
     before = kit.tree_digest(kit.package_dir(ws, "c1"))
     line = _one_line_error(kit.doit("append", "case=c1", f"source={many(tmp_path / 'too-many', 253)}", workspace=ws), "LIMIT_EXCEEDED")
-    assert "after this append the build would read 257 structured documents (limit 256)" in line
+    assert "after this append the build would read 257 structured documents (limit 256; a workspace's limits.json can raise" in line
     assert line.endswith("(case-inputs.json)")
     assert kit.tree_digest(kit.package_dir(ws, "c1")) == before
     assert kit.doit("append", "case=c1", f"source={many(tmp_path / 'just-enough', 252)}", workspace=ws).returncode == 0

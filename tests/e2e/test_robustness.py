@@ -234,7 +234,7 @@ def test_24_more_structured_documents_than_the_limit_are_refused_before_parsing(
     reports = {f"original/r{i:03d}.json": kit.report(f"R{i}") for i in range(256)}
     source = kit.make_package(tmp_path / "src", files=reports, index=kit.index(reports=sorted(reports)))
     line = _refused_at_planning(tmp_path, source)
-    assert "257 structured documents, limit 256" in line, line
+    assert "257 structured documents, limit 256 (a workspace's limits.json can raise case_builder.documents up to 4096)" in line, line
 
 
 def test_24_structured_input_over_the_aggregate_limit_is_refused_before_parsing(tmp_path):
@@ -243,7 +243,16 @@ def test_24_structured_input_over_the_aggregate_limit_is_refused_before_parsing(
     reports = {f"original/r{i}.json": kit.report(f"R{i}", summary=big) for i in range(9)}
     source = kit.make_package(tmp_path / "src", files=reports, index=kit.index(reports=sorted(reports)))
     line = _refused_at_planning(tmp_path, source)
-    assert "bytes of structured input, limit 8388608" in line, line
+    assert "bytes of structured input, limit 8388608 (a workspace's limits.json can raise case_builder.aggregate_bytes up to 67108864)" in line, line
+
+
+def test_24_a_document_over_its_limit_is_refused_before_parsing_and_says_where_to_raise_it(tmp_path):
+    """RELIABILITY 24: 1 MiB a document."""
+    reports = {"original/big.json": kit.report("R", summary="x" * (1024 * 1024))}
+    source = kit.make_package(tmp_path / "src", files=reports, index=kit.index(reports=sorted(reports)))
+    line = _refused_at_planning(tmp_path, source)
+    assert line.startswith("LIMIT_EXCEEDED: document is ") and line.endswith(
+        ", limit 1048576 (a workspace's limits.json can raise case_builder.document_bytes up to 2097152) (original/big.json)"), line
 
 
 def test_42_an_input_changed_while_its_task_reads_it_is_an_integrity_error(tmp_path):
