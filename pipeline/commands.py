@@ -591,10 +591,17 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
             finally:
                 store.close()
         except VianoError as error:
-            # On a full disk likewise, once the store could not be written.
+            # On a full disk likewise, once the store could not be written;
+            # but not past a publication the store has yet to take in (it
+            # may be this revision's case), which needs the store written.
             if error.code != "IO_ERROR" or not out_of_space(ws.root):
                 raise
             record, package = _observed(ws, case_id)
+            if package.current_generation() > record.generation:
+                raise VianoError(
+                    "IO_ERROR", f"{error.message}; generation {package.current_generation()} is published and not yet "
+                    "taken in, which needs the store written: free some space and export again", path=error.path,
+                ) from None
     current = package.manifest(record.generation)
     case_path = current.get("artifacts", {}).get("case")
     if not case_path:

@@ -224,52 +224,51 @@ def _header_says_unwritable(store: "os.PathLike[str]") -> bool:
     return len(header) == 20 and header.startswith(b"SQLite format 3\x00") and (header[18] > 2 or header[19] > 2)
 
 
-def _connect_read_only(path, busy_timeout: float) -> sqlite3.Connection:
-    """A read-only connection. A WAL database needs its shared-memory file,
-    which a read-only filesystem cannot give when the last writer closed
-    cleanly (and removed it), nor a full one when a writer left it short
-    (SQLite's "disk I/O error"; where blocks are smaller than 4 KiB, a
-    store into a page SQLite mapped but the disk never gave it kills the
-    process by SIGBUS). Then the file is opened as immutable, which needs
-    none but also reads no write-ahead log: refused when one holds changes
-    not yet merged, which that read would silently miss. (A writer may still
-    work meanwhile, through another mount of the same files or once space is
-    freed; what it merges then an immutable read may miss too: status there
-    is a snapshot.)"""
+def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, bool]:
+    """A read-only connection, and whether it was opened as immutable on a
+    full disk. A WAL database needs its shared-memory file, which a
+    read-only filesystem cannot give when the last writer closed cleanly (and
+    removed it), nor a full one when a writer left it short (SQLite's "disk
+    I/O error"). Then the file is opened as immutable, which needs none but
+    also reads no write-ahead log: refused when one holds changes not yet
+    merged, which that read would silently miss. The normal, locked read
+    always comes first: beside a writer that opened the store before the disk
+    filled, an immutable read may meet half-written pages (see
+    :meth:`CheckpointStore.__init__`). (A writer may still work through
+    another mount of the same files; what it merges meanwhile an immutable
+    read may miss too: status there is a snapshot.)"""
     uri = path.absolute().as_uri()
-    full = out_of_space(path.parent)
-    if not (full and not _wal_holds_changes(path)):
-        conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
-        try:
-            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-            return conn
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            error_name = getattr(exc, "sqlite_errorname", "")
-            if error_name == "SQLITE_READONLY_ROLLBACK":
-                # A hot rollback journal: a writer died inside a transaction, and
-                # only a writer may roll it back. The store writes that journal only
-                # while it is created (switching to WAL, before any table exists);
-                # if the file is still that one page, it holds no case yet, and the
-                # next admission rolls the switch back and creates it anew.
-                if _at_most_one_page(path):
-                    raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
-                raise LifecycleError(
-                    "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
-                    "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
-                ) from None
-            full = full or out_of_space(path.parent)
-            if not (error_name == "SQLITE_CANTOPEN" and on_read_only_filesystem(path.parent)) and not (
-                full and (error_name.startswith("SQLITE_IOERR") or error_name in ("SQLITE_CANTOPEN", "SQLITE_FULL"))
-            ):
-                raise
-        if _wal_holds_changes(path):
-            where = "a full filesystem (no space or no inodes left)" if full else "a read-only filesystem"
+    conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn, False
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        error_name = getattr(exc, "sqlite_errorname", "")
+        if error_name == "SQLITE_READONLY_ROLLBACK":
+            # A hot rollback journal: a writer died inside a transaction, and
+            # only a writer may roll it back. The store writes that journal only
+            # while it is created (switching to WAL, before any table exists);
+            # if the file is still that one page, it holds no case yet, and the
+            # next admission rolls the switch back and creates it anew.
+            if _at_most_one_page(path):
+                raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
             raise LifecycleError(
-                "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and sits on "
-                f"{where}, where they cannot be read", path=path.name,
-            )
-    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True)
+                "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
+                "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
+            ) from None
+        read_only = error_name == "SQLITE_CANTOPEN" and on_read_only_filesystem(path.parent)
+        full = not read_only and out_of_space(path.parent) and (
+            error_name.startswith("SQLITE_IOERR") or error_name in ("SQLITE_CANTOPEN", "SQLITE_FULL"))
+        if not (read_only or full):
+            raise
+    if _wal_holds_changes(path):
+        where = "a full filesystem (no space or no inodes left)" if full else "a read-only filesystem"
+        raise LifecycleError(
+            "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and sits on "
+            f"{where}, where they cannot be read", path=path.name,
+        )
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True), full
 
 
 def _wal_holds_changes(path) -> bool:
@@ -287,13 +286,20 @@ _NEARLY_FULL_BYTES = 1 << 20
 
 def out_of_space(directory) -> bool:
     """Whether the filesystem of ``directory`` is (nearly) out of space or of
-    inodes (False when it cannot be told)."""
+    inodes for this process (root may use the blocks a filesystem reserves).
+    False when it cannot be told: no statvfs, or a filesystem that reports
+    no sizes (a tmpfs with ``size=0`` or ``nr_inodes=0``, which means no
+    limit; some FUSE and network filesystems)."""
     try:
         found = os.statvfs(directory)
     except OSError:
         return False
-    no_inodes = found.f_files > 0 and found.f_favail == 0
-    return found.f_bavail * found.f_frsize < _NEARLY_FULL_BYTES or no_inodes
+    privileged = hasattr(os, "geteuid") and os.geteuid() == 0
+    free_blocks = found.f_bfree if privileged else found.f_bavail
+    free_inodes = found.f_ffree if privileged else found.f_favail
+    no_space = found.f_blocks > 0 and free_blocks * found.f_frsize < _NEARLY_FULL_BYTES
+    no_inodes = found.f_files > 0 and free_inodes == 0
+    return no_space or no_inodes
 
 
 def _at_most_one_page(path) -> bool:
@@ -432,13 +438,15 @@ class CheckpointStore:
                 "where the checkpoint store cannot be written", path=path.name,
             )
         try:
+            immutable_on_a_full_disk = False
             if read_only:
-                conn = _connect_read_only(path, busy_timeout)
+                conn, immutable_on_a_full_disk = _connect_read_only(path, busy_timeout)
             else:
                 conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
             raise _db_error(exc, "opening", path) from None
         self._conn = conn
+        self._read_on_a_full_disk = immutable_on_a_full_disk
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             if not read_only and not conn.execute(
@@ -455,14 +463,14 @@ class CheckpointStore:
                 # sqlite3's own findings on one line (not a list's repr, which
                 # the printer would escape a second time).
                 found = "; ".join(" ".join(str(problem).split()) for problem in problems[:3])
-                raise IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {found}", path=path.name)
+                raise self._unsure(IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {found}", path=path.name))
             if read_only:
                 self._check_schema()
             else:
                 self._ensure_schema()
         except sqlite3.Error as exc:
             conn.close()
-            raise _db_error(exc, "opening", path) from None
+            raise self._unsure(_db_error(exc, "opening", path)) from None
         except BaseException:
             conn.close()
             raise
@@ -567,7 +575,20 @@ class CheckpointStore:
         try:
             return self._conn.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
-            raise _db_error(exc, what, self.workspace.store_path) from None
+            raise self._unsure(_db_error(exc, what, self.workspace.store_path)) from None
+
+    def _unsure(self, error: VianoError) -> VianoError:
+        """A store read as immutable on a full disk may have met pages a
+        writer (one that opened it before the disk filled) was writing: what
+        looks like damage there is reported as a read to retry, not as a
+        damaged store (``INTEGRITY_ERROR`` stands once space is freed)."""
+        if not (self._read_on_a_full_disk and error.code == "INTEGRITY_ERROR"):
+            return error
+        return LifecycleError(
+            "IO_ERROR", f"the checkpoint store could not be read consistently: the disk is full, so it was read without "
+            f"its shared-memory file while a writer may be at work ({error.message}); free some space and run it again",
+            path=error.path,
+        )
 
     # ---------------------------------------------------------------- decoding rows
 
@@ -686,7 +707,7 @@ class CheckpointStore:
         try:
             return self._confirmed(self._conn, case_id, step_id)
         except sqlite3.Error as exc:
-            raise _db_error(exc, "reading checkpoints", self.workspace.store_path) from None
+            raise self._unsure(_db_error(exc, "reading checkpoints", self.workspace.store_path)) from None
 
     def recorded_manifest(self, case_id: str, generation: int) -> tuple[int, str] | None:
         """``(generation, sha256)``: the latest generation at or below

@@ -47,7 +47,7 @@ def recording_what_was_published(case_id: str, generation: int):
         raise type(error)(
             error.code,
             f"{error.message}; generation {generation} was published before this, and the next command on case "
-            f"{case_id} takes it in",
+            f"{case_id} that can write the store takes it in",
             path=error.path,
             pointer=error.pointer,
         ) from None

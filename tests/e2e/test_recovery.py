@@ -2470,6 +2470,9 @@ def test_a_publication_the_full_store_could_not_record_says_it_is_published(tmp_
         fill,
         f"touch {q(str(steps / (point + '.go')))}",
         "{ wait $!; echo first=$?; }",
+        # Export reads the last recorded case on a full disk, but not past a
+        # publication the store has yet to take in.
+        "{ " + _doit_line("export", "case=c1", f"dest={tmp_path / 'out'}", workspace=ws) + " 2>&1 | tail -1; }",
         f"rm {q(str(volume / 'filler'))}",
         "{ " + _doit_line(*arguments, workspace=ws) + "; echo again=$?; }",
         f"ls {q(str(ws / 'cases' / 'c1' / 'packages' / 'pkg-1' / 'manifests'))}",
@@ -2478,7 +2481,9 @@ def test_a_publication_the_full_store_could_not_record_says_it_is_published(tmp_
     failed = (tmp_path / "err").read_text().strip().splitlines()[-1]
     assert "first=1" in result.stdout, (result.stdout, result.stderr, failed)
     assert failed.startswith("IO_ERROR: "), failed
-    assert f"generation {published} was published before this, and the next command on case c1 takes it in" in failed, failed
+    assert f"generation {published} was published before this, and the next command on case c1 that can write the store takes it in" in failed, failed
+    assert f"generation {published} is published and not yet taken in, which needs the store written" in result.stdout, result.stdout
+    assert not (tmp_path / "out").exists()
     assert "again=0" in result.stdout, (result.stdout, result.stderr)
     listed = re.findall(r"^[0-9]+\.json$", result.stdout, re.M)
     assert listed == [f"{n:06d}.json" for n in range(1, published + 1)], result.stdout  # taken in, not published again
@@ -2505,3 +2510,18 @@ def test_commands_that_write_the_store_refuse_a_full_disk_with_a_line(tmp_path):
     assert len(refusals) == 2, result.stdout + result.stderr
     assert all("filesystem is full" in line and "(checkpoints.sqlite3)" in line for line in refusals), refusals
     assert "generation: 2" in lines, result.stdout  # nothing was recorded
+
+
+def test_a_tmpfs_without_a_size_limit_is_not_taken_for_a_full_disk(tmp_path):
+    # statvfs reports no blocks for a tmpfs mounted with size=0 (no limit).
+    volume, ws, source = tmp_path / "volume", tmp_path / "volume" / "ws", standard_package(tmp_path / "src")
+    volume.mkdir()
+    script = " && ".join([
+        f"mount -t tmpfs -o size=0,nr_inodes=0 tmpfs {shlex.quote(str(volume))}",
+        _doit_line("admit", "case=c1", f"source={source}", workspace=ws),
+        _doit_line("build", "case=c1", workspace=ws),
+        _doit_line("status", "case=c1", workspace=ws),
+    ])
+    result = _in_mount_namespace(script)
+    assert result.returncode == 0, result.stderr
+    assert "confirmed at generation 2" in result.stdout and "state: BUILDING_CASE" in result.stdout
