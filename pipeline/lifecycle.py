@@ -471,6 +471,9 @@ class CheckpointStore:
         except sqlite3.Error as exc:
             conn.close()
             raise self._unsure(_db_error(exc, "opening", path)) from None
+        except VianoError as error:
+            conn.close()
+            raise self._unsure(error) from None
         except BaseException:
             conn.close()
             raise

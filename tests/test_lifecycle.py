@@ -823,3 +823,23 @@ def test_a_reader_on_a_full_disk_takes_the_normal_locked_read_when_it_works(tmp_
         assert store._read_on_a_full_disk is False
     finally:
         store.close()
+
+
+def test_a_torn_schema_read_on_a_full_disk_is_a_read_to_retry(tmp_path, monkeypatch):
+    # Half-written pages can also make the schema look foreign, not only
+    # fail SQLite's own checks.
+    from pipeline import lifecycle
+    from pipeline.errors import IntegrityError
+
+    ws = Workspace(tmp_path / "ws")
+    lifecycle.CheckpointStore(ws).close()
+    real = lifecycle._connect_read_only
+    monkeypatch.setattr(lifecycle, "_connect_read_only", lambda path, timeout: (real(path, timeout)[0], True))
+
+    def foreign(self):
+        raise IntegrityError("INTEGRITY_ERROR", "checkpoint store has tables but no schema version: not ours")
+
+    monkeypatch.setattr(lifecycle.CheckpointStore, "_check_schema", foreign)
+    with pytest.raises(lifecycle.LifecycleError) as info:
+        lifecycle.CheckpointStore(ws, read_only=True)
+    assert info.value.code == "IO_ERROR" and "could not be read consistently" in info.value.message
