@@ -134,7 +134,7 @@ def _pipeline():
         "file_dep": [str(cache.plan)],
         "task_dep": ["read_input", "hash_context"],
         "targets": [case_json],
-        "uptodate": [stamp, (output_as_written, [case_json])],
+        "uptodate": [stamp, (output_as_written, [case_json, str(cache.plan)])],
     }
     yield {
         "basename": "render",
@@ -142,7 +142,7 @@ def _pipeline():
         "actions": [(guarded, ["pipeline.build:step_render", root, case_id]), (output_digest, [summary])],
         "file_dep": [case_json],
         "targets": [summary],
-        "uptodate": [stamp, (output_as_written, [summary])],
+        "uptodate": [stamp, (output_as_written, [summary, case_json])],
     }
     yield {
         "basename": "publish",

@@ -24,7 +24,7 @@ from pathlib import Path
 from . import BUILDER_VERSION
 from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError, coded_io_error, one_line
-from .doitcli import digest_of_version, file_version, remember_file_digest
+from .doitcli import digest_of_version, file_version, remember_output
 from .jsoncanon import decode_strict, encode_sorted, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .plan import check_limits, make_plan, raise_hint, step_id_for
@@ -73,9 +73,11 @@ _WRITTEN_VERSIONS: dict[str, tuple[tuple, str]] = {}
 _WRITTEN_VERSIONS_LIMIT = 256
 
 
-def _write_output(cache: BuildCache, path: Path, data: bytes) -> None:
+def _write_output(cache: BuildCache, path: Path, data: bytes, made_from: str) -> None:
+    """Write a step's output, remembering its digest and ``made_from``, the
+    digest of the plan (case) or case (summary) it was made from."""
     cache.write(path, data, flush_on_replace=False)
-    version = remember_file_digest(path, data)
+    version = remember_output(path, data, made_from)
     with _WRITTEN_GUARD:
         _WRITTEN_VERSIONS.pop(os.fspath(path), None)
         _WRITTEN_VERSIONS[os.fspath(path)] = (version, sha256_hex(data))
@@ -992,7 +994,7 @@ def step_assemble(workspace_root, case_id) -> None:
     crashpoint("build:assemble")
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan = cache.read_plan()
+    plan, plan_sha256 = cache.read_plan_and_sha256()
     _SPLICING.pop(os.fspath(cache.root), None)
     if reuses_confirmed_case(cache):
         # A confirmed case is taken as published (after its contract check),
@@ -1000,7 +1002,7 @@ def step_assemble(workspace_root, case_id) -> None:
         # a reuse into a different document.
         data = _published_bytes(ws, plan, "case", plan["limits"]["case_bytes"])
         _check_case_contract(None, data, plan["outputs"]["case"])
-        _write_output(cache, cache.case_json, data)
+        _write_output(cache, cache.case_json, data, plan_sha256)
         return
     start = _splice_start(cache, plan)
     again = {
@@ -1008,7 +1010,7 @@ def step_assemble(workspace_root, case_id) -> None:
         "reread_prior": _prior_rereader(workspace_root, case_id, plan),
         "rehash": _rehasher(workspace_root, case_id, plan),
     }
-    if start is not None and _assemble_spliced(cache, plan, *start, **again):
+    if start is not None and _assemble_spliced(cache, plan, plan_sha256, *start, **again):
         return
     snapshot, snapshot_float_free = _snapshot(cache, plan, **again)
     try:
@@ -1022,7 +1024,7 @@ def step_assemble(workspace_root, case_id) -> None:
     # record of it in the cache for nothing.
     _check_case_size(plan, data)
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
-    _write_output(cache, cache.case_json, data)
+    _write_output(cache, cache.case_json, data, plan_sha256)
     _ASSEMBLED[:] = [(data, case)]
     carried = carry_forward(None, case)
     prior_sources: list[str] = []
@@ -1153,6 +1155,7 @@ def _splice_start(cache: BuildCache, plan: dict) -> tuple | None:
 def _assemble_spliced(
     cache: BuildCache,
     plan: dict,
+    plan_sha256: str,
     carried: dict,
     carried_paths: frozenset,
     previous_case: bytes,
@@ -1194,7 +1197,7 @@ def _assemble_spliced(
         # The whole assembly refuses it, with the line a build without the
         # splice gives (its bound may stop it before the exact size is known).
         return False
-    _write_output(cache, cache.case_json, data)
+    _write_output(cache, cache.case_json, data, plan_sha256)
     _ASSEMBLED.clear()
     _hand_to_render(cache, (data, part, previous_summary, following, _units(snapshot), prior_sources))
     # Documents only: the carried count is of documents, and an appended
@@ -1286,10 +1289,11 @@ def step_render(workspace_root, case_id) -> None:
     cache = case_cache(ws, case_id)
     plan = cache.read_plan()
     limit = plan["limits"]["summary_bytes"]
-    if reuses_confirmed_case(cache):
-        _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]))
-        return
     case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])  # written by assemble, checked against case-v1
+    if reuses_confirmed_case(cache):
+        _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]),
+                      sha256_hex(case_bytes))
+        return
     splicing = _SPLICING.pop(os.fspath(cache.root), None)
     if splicing is not None and splicing[0] is not case_bytes and splicing[0] != case_bytes:
         splicing = None  # the cached case changed since assemble wrote it
@@ -1323,7 +1327,7 @@ def step_render(workspace_root, case_id) -> None:
     if len(data) > plan["limits"]["summary_bytes"]:
         raise CaseBuildError("LIMIT_EXCEEDED", f"summary would be {len(data)} bytes, limit {plan['limits']['summary_bytes']}"
                                                 f"{raise_hint('summary_bytes', plan['limits']['summary_bytes'])}", path=plan["outputs"]["case_summary"])
-    _write_output(cache, cache.summary, data)
+    _write_output(cache, cache.summary, data, sha256_hex(case_bytes))
     _leave_splice_state(cache, plan, case_bytes, data, splicing)
 
 
@@ -1483,33 +1487,35 @@ def _check_outputs_as_written(cache: BuildCache, case_bytes: bytes, summary_byte
     recorded; a publish run on its own (``doit -s publish``) reads them from
     the cache, where a power loss may have cut them short and an earlier
     run may have left another revision's: checked against the same records
-    here. Refused, nothing is written; ``doit build`` makes them again."""
+    here: the digest each step recorded of its output and of what it made
+    it from (not doit's record of the file it depends on, which ``doit
+    reset-dep`` rewrites without the step running). Refused, nothing is
+    written; ``doit build`` makes them again."""
     from doit.tools import config_changed
 
-    from .doitcli import OUTPUT_DIGEST, chain_stamp
+    from .doitcli import OUTPUT_DIGEST, SOURCE_DIGEST, chain_stamp
 
-    case_state = [len(case_bytes), sha256_hex(case_bytes)]
-    # What each output must have been made from, as doit recorded the step's
+    case_digest = sha256_hex(case_bytes)
+    # What each output must have been made from, as its step recorded its
     # last run: the case from this plan, the summary from this case.
     unsure = []
     if not _written_here(cache.case_json, case_bytes):
-        plan_bytes = cache.read_bytes(cache.plan)
-        unsure.append((cache.case_json, "assemble", case_state[1], str(cache.plan), [len(plan_bytes), sha256_hex(plan_bytes)]))
+        unsure.append((cache.case_json, "assemble", case_digest, sha256_hex(cache.read_bytes(cache.plan))))
     if not _written_here(cache.summary, summary_bytes):
-        unsure.append((cache.summary, "render", sha256_hex(summary_bytes), str(cache.case_json), case_state))
+        unsure.append((cache.summary, "render", sha256_hex(summary_bytes), case_digest))
     if not unsure:
         return
     records = cache.doit_records(tuple(task for _, task, *_ in unsure)) or {}
     calc_digest = getattr(config_changed(chain_stamp()), "_calc_digest", None)  # how doit 0.36-0.37 stamp
     stamp = calc_digest() if callable(calc_digest) else None
-    for path, task, digest, source, source_state in unsure:
+    for path, task, digest, source_digest in unsure:
         record = records.get(task) or {}
         values = record.get("_values_:")
         if not (
             isinstance(values, dict)
             and values.get(OUTPUT_DIGEST) == digest
+            and values.get(SOURCE_DIGEST) == source_digest
             and (stamp is None or values.get("_config_changed") == stamp)
-            and record.get(source) == source_state
         ):
             raise CaseBuildError("INTEGRITY_ERROR", f"the cached {path.name} is not the one {task} made from the build's "
                                                     f"{'plan' if task == 'assemble' else 'case'} (cut short by a crash, changed since, "

@@ -122,31 +122,63 @@ def _sha256_file(path) -> str:
 #: The doit value under which assemble and render keep the digest of the
 #: output they wrote (``_values_:`` in the case's dependency file).
 OUTPUT_DIGEST = "output_sha256"
+#: ... and the digest of what they made it from: the plan (assemble), the
+#: case (render). doit's own record of a file_dep says only what the file
+#: was when the task last *succeeded or was declared so*: ``doit reset-dep``
+#: records the current plan beside the old case's digest, and without this
+#: the next build published the previous revision's case as the new one.
+SOURCE_DIGEST = "source_sha256"
+
+_SOURCES: dict[tuple, str] = {}  # output file version -> digest of its source
+
+
+def remember_output(path, data: bytes, source_digest: str) -> tuple:
+    """:func:`remember_file_digest`, and that this version of ``path`` was
+    made from the bytes whose sha256 is ``source_digest``, which
+    :func:`output_digest` hands to doit with the output's own digest."""
+    version = remember_file_digest(path, data)
+    with _DIGESTS_GUARD:
+        _SOURCES[version] = source_digest
+        for stale in list(_SOURCES)[: max(0, len(_SOURCES) - 64)]:
+            del _SOURCES[stale]
+    return version
 
 
 def output_digest(path) -> dict:
     """A doit action after assemble's or render's step: the digest of the
-    output the step just wrote, saved by doit with the task's success. The
-    step has remembered it (:func:`remember_file_digest`), so nothing is read.
-    Gone already (the cache deleted while the build runs): one coded line."""
+    output the step just wrote and of what it made it from, saved by doit
+    with the task's success. The step has remembered both
+    (:func:`remember_output`), so nothing is read. An output this process
+    did not write (none: the step always writes) gets no source digest, so
+    the next build makes it again. Gone already (the cache deleted while the
+    build runs): one coded line."""
     try:
-        return {OUTPUT_DIGEST: _sha256_file(path)}
+        version = file_version(path)
+        values = {OUTPUT_DIGEST: _sha256_file(path)}
     except OSError as error:
         return TaskFailed(io_error_line(error))
+    with _DIGESTS_GUARD:
+        source = _SOURCES.get(version)
+    if source is not None:
+        values[SOURCE_DIGEST] = source
+    return values
 
 
-def output_as_written(task, values, path) -> bool:
+def output_as_written(task, values, path, source) -> bool:
     """doit ``uptodate`` for assemble and render: their cached output is still
-    the bytes they wrote. doit looks at a target only for whether it exists,
-    so a cached case or summary cut short by a power loss (cache files are
-    renamed into place without an fsync) or changed by hand would otherwise
-    be rendered and published as it is. Costs no read in a no-op: the later
-    tasks' file_dep checks hash the same file version anyway (memoised)."""
-    recorded = values.get(OUTPUT_DIGEST)
-    if not isinstance(recorded, str):
+    the bytes they wrote, made from the ``source`` file as it is now (the
+    plan for the case, the case for the summary). doit looks at a target
+    only for whether it exists, so a cached case or summary cut short by a
+    power loss (cache files are renamed into place without an fsync) or
+    changed by hand would otherwise be rendered and published as it is; and
+    its record of the source can be reset without the output being made
+    (``doit reset-dep``). Costs no read in a no-op: the later tasks'
+    file_dep checks hash the same file versions anyway (memoised)."""
+    recorded, made_from = values.get(OUTPUT_DIGEST), values.get(SOURCE_DIGEST)
+    if not isinstance(recorded, str) or not isinstance(made_from, str):
         return False
     try:
-        return _sha256_file(path) == recorded
+        return _sha256_file(path) == recorded and _sha256_file(source) == made_from
     except OSError:
         return False
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from .cache import BuildCache
-from .doitcli import OUTPUT_DIGEST
+from .doitcli import OUTPUT_DIGEST, SOURCE_DIGEST
 from .errors import VianoError
 from .jsoncanon import encode_sorted
 from .plan import check_limits, make_plan, step_id_for
@@ -161,13 +161,17 @@ def _current_stamp() -> str | None:
     return digest() if callable(digest) else None
 
 
-def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list | None]) -> str | None:
+def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list | None],
+                  made_from: tuple[str, list | None] | None = None) -> str | None:
     """Why doit would run a task again, judged by its record, or None.
     ``deps`` maps each file it depends on to the state it will have (None:
-    not known now, not judged)."""
+    not known now, not judged); ``made_from`` is (reason key, state) of the
+    file assemble or render made its output from, whose digest the step
+    recorded itself (:func:`pipeline.doitcli.output_as_written`)."""
     if record is None:
         return "no record of its last run (a first build, a build stopped before it, or the cache cleared)"
-    recorded_stamp = record.get("_values_:", {}).get("_config_changed") if isinstance(record.get("_values_:"), dict) else None
+    values = record.get("_values_:") if isinstance(record.get("_values_:"), dict) else {}
+    recorded_stamp = values.get("_config_changed")
     if stamp is not None and recorded_stamp is not None and recorded_stamp != stamp:
         return "the builder's code changed since it last ran"
     for name, state in deps.items():
@@ -177,6 +181,8 @@ def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list |
             return _MOVED
         if state is not None and record.get(name) != state:
             return name
+    if made_from is not None and made_from[1] is not None and values.get(SOURCE_DIGEST) != made_from[1][1]:
+        return made_from[0]
     return None
 
 
@@ -333,14 +339,14 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         render_why = None
         publish_why = "plan" if plan_changed else None
     else:
-        assemble_why = _rerun_reason(records.get("assemble"), stamp, {plan_path: plan_state})
+        assemble_why = _rerun_reason(records.get("assemble"), stamp, {plan_path: plan_state}, ("assembled_from", plan_state))
         if _not_as_written(records.get("assemble"), case_state) and assemble_why is None:
             # assemble runs again only because its case was cut or changed:
             # from the same plan and code it writes again the bytes it
             # recorded, which the later tasks are judged against.
             case_state = _restored_state(records, case_path, records["assemble"]["_values_:"][OUTPUT_DIGEST])
             restored_case = True
-        render_why = _rerun_reason(records.get("render"), stamp, {case_path: case_state})
+        render_why = _rerun_reason(records.get("render"), stamp, {case_path: case_state}, ("rendered_from", case_state))
         if summary_cut and render_why is None:
             # Likewise render, from the case it last rendered.
             summary_state = _restored_state(records, summary_path, records["render"]["_values_:"][OUTPUT_DIGEST])
@@ -350,6 +356,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         case_path: "the cached case changed since it last ran",
         summary_path: "the cached summary changed since it last ran",
         "plan": "same inputs, but the plan changed since the last build (other limits in force)",
+        # doit's record of the file was made current without the step
+        # running (`doit reset-dep`); the step's own note of its source says so.
+        "assembled_from": "the cached case was not assembled from this plan (its record was reset without assembling, as by `doit reset-dep`)",
+        "rendered_from": "the cached summary was not rendered from the cached case (its record was reset without rendering, as by `doit reset-dep`)",
     }
     if not cache.case_json.exists():
         rows.append(("assemble", "would run: no cached output"))

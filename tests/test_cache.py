@@ -337,17 +337,17 @@ def test_an_output_is_taken_from_memory_only_while_the_file_is_what_this_process
 
     cache = BuildCache(tmp_path / "c")
     first = b"{}" * 5000
-    _write_output(cache, cache.case_json, first)
+    _write_output(cache, cache.case_json, first, "0" * 64)
     assert _read_output(cache, cache.case_json, 1 << 20) is first
     cache.write(cache.case_json, b"[]" * 5000)  # replaced behind the step's back (a new inode)
     assert _read_output(cache, cache.case_json, 1 << 20) == b"[]" * 5000
-    _write_output(cache, cache.summary, b"# s\n")
+    _write_output(cache, cache.summary, b"# s\n", "0" * 64)
     cache.summary.unlink()
     with pytest.raises(FileNotFoundError):
         _read_output(cache, cache.summary, 1 << 20)
     # Only one case directory's outputs are held at a time.
     other = BuildCache(tmp_path / "c2")
-    _write_output(other, other.case_json, b"{}")
+    _write_output(other, other.case_json, b"{}", "0" * 64)
     assert [os.path.dirname(p) for p in _WRITTEN] == [os.fspath(other.case_json.parent)]
 
 
@@ -846,3 +846,26 @@ def test_a_parsed_manifest_record_cut_short_is_written_again(tmp_path):
     assert later.get(digest) is None
     later.put(digest, manifest)
     assert record.read_bytes() == whole and cache.parsed_manifests().get(digest) == manifest
+
+
+def test_an_output_is_up_to_date_only_with_the_source_its_step_made_it_from(tmp_path):
+    """doit's record of a file dependency can be made current without the
+    step running (`doit reset-dep`); the digest of the source the step made
+    its output from, recorded with the output's, cannot."""
+    import hashlib
+
+    from pipeline.build import _write_output
+    from pipeline.doitcli import OUTPUT_DIGEST, SOURCE_DIGEST, output_as_written, output_digest
+
+    cache = BuildCache(tmp_path / "c")
+    cache.write(cache.plan, b'{"plan": 1}')
+    plan_digest = hashlib.sha256(b'{"plan": 1}').hexdigest()
+    _write_output(cache, cache.case_json, b'{"case": 1}', plan_digest)
+    values = output_digest(cache.case_json)
+    assert values == {OUTPUT_DIGEST: hashlib.sha256(b'{"case": 1}').hexdigest(), SOURCE_DIGEST: plan_digest}
+    assert output_as_written(None, values, cache.case_json, cache.plan)
+    assert not output_as_written(None, {OUTPUT_DIGEST: values[OUTPUT_DIGEST]}, cache.case_json, cache.plan)
+    cache.write(cache.plan, b'{"plan": 2}')  # planned again; assemble has not run on it
+    assert not output_as_written(None, values, cache.case_json, cache.plan)
+    cache.write(cache.case_json, b'{"case": 2}')  # an output this process did not write: no source to vouch for
+    assert SOURCE_DIGEST not in output_digest(cache.case_json)

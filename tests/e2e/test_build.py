@@ -1061,3 +1061,51 @@ def test_hashing_a_large_context_file_reports_progress(tmp_path):
     mebibytes = [int(line.removeprefix("hashing original/runtime.log: ").split(" / ")[0]) for line in lines[1:]]
     assert all(line.endswith(" / 65 MiB") for line in lines[1:]), lines
     assert len(mebibytes) == 10 and mebibytes == sorted(mebibytes) and mebibytes[-1] == 65, lines
+
+
+@pytest.mark.parametrize("steps, reset", [
+    (("validate_index",), "assemble"),  # a plan assemble never ran on, its record reset
+    (("assemble",), "render"),  # a case render never ran on, its record reset
+])
+def test_a_record_reset_without_its_step_running_does_not_publish_the_previous_output(tmp_path, admitted, steps, reset):
+    """Found by session 23's review of doit's own commands: `doit reset-dep`
+    records a task's file dependencies as they are now and keeps the digest
+    its step recorded of its output, so doit took the previous revision's
+    cached case (or summary) for the new plan's (case's) and the build
+    published it as revision 2, for ever. Each step now records what it made
+    its output from, which the next build (and publish, and status) check."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "extra", "original/report-later.json")
+    undisturbed = tmp_path / "undisturbed"
+    subprocess.run(["cp", "-a", str(ws), str(undisturbed)], check=True)
+    for step in steps:
+        assert kit.doit(step, "case=c1", workspace=ws).returncode == 0
+    assert "processed " + reset in kit.doit("reset-dep", reset, "case=c1", workspace=ws).stdout
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert f"  {reset}: would run: " in outlook, outlook  # status saw it before: it judges by the files
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    assert f".  {reset}" in built.stderr.splitlines(), built.stderr
+    assert kit.doit("build", "case=c1", workspace=undisturbed).returncode == 0
+    revisions = Path("content") / "case" / "revisions"
+    for name in ("case.json", "case_summary.md"):
+        published = (kit.package_dir(ws, "c1") / revisions / "0002" / name).read_bytes()
+        assert published == (kit.package_dir(undisturbed, "c1") / revisions / "0002" / name).read_bytes(), name
+        assert published != (kit.package_dir(ws, "c1") / revisions / "0001" / name).read_bytes(), name
+    assert b"Later look" in (kit.package_dir(ws, "c1") / revisions / "0002" / "case_summary.md").read_bytes()
+
+
+def test_status_names_a_record_reset_without_its_step_running(admitted):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    kit.write_json(ws / "limits.json", {"format": "viano-workspace-limits", "format_version": 1,
+                                        "case_builder": {"inline_fact_value": 20000}})
+    assert kit.doit("validate_index", "case=c1", workspace=ws).returncode == 0  # another plan, the same inputs
+    assert kit.doit("reset-dep", "assemble", "case=c1", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert ("  assemble: would run: the cached case was not assembled from this plan (its record was reset "
+            "without assembling, as by `doit reset-dep`)\n") in outlook, outlook
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and ".  assemble" in built.stderr.splitlines(), built.stderr
+    assert len(kit.manifests(ws, "c1")) == 2  # the confirmed case reused: no new generation
