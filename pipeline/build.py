@@ -215,6 +215,12 @@ def _release_held_locks() -> None:
             pass
 
 
+def _lock_if_not_held_by_the_run(ws, case_id: str) -> None:
+    from .doitcli import lock_if_not_held_by_the_run
+
+    lock_if_not_held_by_the_run(ws, case_id)
+
+
 @contextlib.contextmanager
 def _locked(ws, case_id: str, timeout: float = 60.0):
     """The case lock, unless this process already holds it for its lifetime."""
@@ -368,7 +374,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
     from .recovery import roll_forward
     from .workspace import validate_id
 
-    from .doitcli import lock_if_admitted_since_the_start
+    from .doitcli import lock_if_not_held_by_the_run
     from .faults import crashpoint
 
     case_id = validate_id(case_id, "case_id")
@@ -380,7 +386,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
         limits = read_workspace_limits(ws.root).case_builder
     store = open_existing_store(ws, case_id)
     try:
-        lock_if_admitted_since_the_start(ws, case_id)
+        lock_if_not_held_by_the_run(ws, case_id)
         with _locked(ws, case_id):
                 record = store.get(case_id)
                 cache = case_cache(ws, case_id)
@@ -633,6 +639,7 @@ def step_read_input(workspace_root, case_id, package_id, path, sha256, size, con
     limits = limits or CaseBuilderLimits()
     inline = limits.inline_fact_value if inline_fact_value is None else inline_fact_value
     ws = _workspace(workspace_root)
+    _lock_if_not_held_by_the_run(ws, case_id)
     package = _package(ws, case_id, package_id)
     cache = case_cache(ws, case_id)
     reusing = reuses_confirmed_case(cache)
@@ -718,6 +725,7 @@ def _hash_progress(label: str, size: int):
 def step_hash_context(workspace_root, case_id, package_id, path, sha256, size) -> None:
     """hash_context: stream one opaque file, check its sha256/size, cache its REF."""
     ws = _workspace(workspace_root)
+    _lock_if_not_held_by_the_run(ws, case_id)
     package = _package(ws, case_id, package_id)
     progress = None
     if size >= _HASH_PROGRESS_MIN:
@@ -993,6 +1001,7 @@ def step_assemble(workspace_root, case_id) -> None:
 
     crashpoint("build:assemble")
     ws = _workspace(workspace_root)
+    _lock_if_not_held_by_the_run(ws, case_id)
     cache = case_cache(ws, case_id)
     plan, plan_sha256 = cache.read_plan_and_sha256()
     _SPLICING.pop(os.fspath(cache.root), None)
@@ -1286,6 +1295,7 @@ def step_render(workspace_root, case_id) -> None:
     from .summary import EscapeMemo, LineMemo, SummaryTooLarge, render_summary
 
     ws = _workspace(workspace_root)
+    _lock_if_not_held_by_the_run(ws, case_id)
     cache = case_cache(ws, case_id)
     plan = cache.read_plan()
     limit = plan["limits"]["summary_bytes"]

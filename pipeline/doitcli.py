@@ -518,8 +518,8 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     except VianoError as error:
         sys.stderr.write(f"{error}\n")
         raise SystemExit(3) from None
-    global _STARTED_BEFORE_ITS_CASE, _command_line_stdout
-    _STARTED_BEFORE_ITS_CASE = None
+    global _STARTED_BEFORE_ITS_CASE, _RUN_WITHOUT_ITS_LOCK, _command_line_stdout
+    _STARTED_BEFORE_ITS_CASE = _RUN_WITHOUT_ITS_LOCK = None
     _command_line_stdout = sys.stdout if _running_doit_command_line() else None
     os.environ.pop(_LOCKED_BY_ENV, None)
     report_interrupts_on_one_line()
@@ -544,13 +544,19 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     }
     requested = _requested_tasks(argv)
     wants_build = any(name in BUILD_TASKS for name in requested)
-    if not wants_build or not case_var:
+    if not case_var:
         return config
     try:
         case_id = validate_id(case_var, "case_id")
         ws = Workspace.from_var(workspace_var)
     except VianoError:
         return config  # the task action reports the bad variable with its code
+    if not wants_build:
+        # Build steps can run all the same: doit runs the task of a target
+        # named on its command line (``doit <ws>/.cache/ID/out/case.json``).
+        # Such a step takes the case lock then (:func:`lock_if_not_held_by_the_run`).
+        _RUN_WITHOUT_ITS_LOCK = (str(ws.root), case_id)
+        return config
     if not ws.store_path.exists() or not ws.case_dir(case_id).is_dir():
         # Unknown case: the action reports UNKNOWN_CASE, nothing is created;
         # unless the case is admitted before that action runs, which then
@@ -590,6 +596,9 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
 
 
 _STARTED_BEFORE_ITS_CASE: tuple[str, str] | None = None
+#: (workspace, case) of a doit run that names no build task, so took no case
+#: lock before doit started (:func:`doit_config`).
+_RUN_WITHOUT_ITS_LOCK: tuple[str, str] | None = None
 #: (always-execute, the task names selected) of the doit ``run`` under way in
 #: this context, set by :func:`_note_what_each_run_selects`; None outside one.
 _RUN_SELECTION: contextvars.ContextVar[tuple[bool, tuple[str, ...]] | None] = contextvars.ContextVar(
@@ -658,6 +667,22 @@ def _note_what_each_run_selects() -> None:
 
     _execute.viano_noted = True
     Run._execute = _execute
+
+
+def lock_if_not_held_by_the_run(ws, case_id: str) -> None:
+    """A build step run by doit for a target named on its command line (no
+    build task named, so :func:`doit_config` took no case lock) takes the
+    lock now, for the rest of the run: the cache it writes and reads, and the
+    store, are behind it in every build (found by session 23's review: those
+    steps ran beside a whole build's). Inside a doit run only: a later
+    CaseBuilder.build in this process takes the lock for its own call."""
+    if _RUN_WITHOUT_ITS_LOCK == (str(ws.root), case_id) and _RUN_SELECTION.get() is not None:
+        from .build import hold_case_lock
+
+        hold_case_lock(ws, case_id)
+        os.environ[_LOCKED_BY_ENV] = str(os.getpid())
+    else:
+        lock_if_admitted_since_the_start(ws, case_id)
 
 
 def lock_if_admitted_since_the_start(ws, case_id: str) -> None:

@@ -1109,3 +1109,32 @@ def test_status_names_a_record_reset_without_its_step_running(admitted):
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0 and ".  assemble" in built.stderr.splitlines(), built.stderr
     assert len(kit.manifests(ws, "c1")) == 2  # the confirmed case reused: no new generation
+
+
+def test_build_steps_run_for_a_named_target_hold_the_case_lock(tmp_path, admitted):
+    """Found by session 23's review of doit's own commands: `doit <ws>/.cache/c1/out/case.json
+    case=c1` names no build task, so the run took no case lock before doit
+    started, and its read_input, assemble and render ran beside whatever
+    else held the case."""
+    from pipeline.workspace import Workspace, case_lock_held_elsewhere
+
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "extra", "original/report-later.json")
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    target = ws / ".cache" / "c1" / "out" / "case.json"
+    child = kit.stepping_doit("build:assemble", steps, str(target), "case=c1", workspace=ws)
+    try:
+        kit.reach_step(child, steps, "build:assemble")  # read_input of the new report has run
+        assert case_lock_held_elsewhere(Workspace(ws), "c1")
+        (steps / "build:assemble.go").touch()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, err
+    assert ".  read_input:original/report-later.json" in err.splitlines() and ".  assemble" in err.splitlines(), err
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and "confirmed at generation" in built.stdout, built.stderr
