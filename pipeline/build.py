@@ -18,6 +18,7 @@ import os
 import stat
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -233,8 +234,28 @@ def _locked(ws, case_id: str, timeout: float = 60.0):
         yield
 
 
-_TURNS: dict[tuple[str, str], threading.RLock] = {}
+# Weak: a turn lives while a thread holds or waits for it, not for every
+# case a long-running host ever built.
+_TURNS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _TURNS_GUARD = threading.Lock()
+
+
+def _start_afresh_in_child() -> None:
+    """After fork: the child has only the forking thread. Turns and guards
+    another thread held at the fork would never be let go there (every later
+    build of that case waited 60 s for a thread that does not exist, then
+    LOCK_TIMEOUT); the case locks the parent held by this process's record
+    are not the child's (their descriptors are closed in the child:
+    :func:`pipeline.workspace._forget_held_in_child`)."""
+    global _TURNS, _TURNS_GUARD, _WRITTEN_GUARD
+    _TURNS = weakref.WeakValueDictionary()
+    _TURNS_GUARD = threading.Lock()
+    _WRITTEN_GUARD = threading.Lock()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_start_afresh_in_child)
 
 
 @contextlib.contextmanager
@@ -1691,6 +1712,14 @@ class CaseBuilder:
     what the steps themselves check)."""
 
     def __init__(self, store, limits: CaseBuilderLimits | None = None, progress: Callable[[str], None] | None = None) -> None:
+        from .lifecycle import CheckpointStore
+
+        if not isinstance(store, CheckpointStore):
+            raise CaseBuildError("INVALID_ARGUMENT", f"CaseBuilder takes a CheckpointStore, not {type(store).__name__}")
+        if limits is not None and not isinstance(limits, CaseBuilderLimits):
+            raise CaseBuildError("INVALID_ARGUMENT", f"limits= takes a CaseBuilderLimits, not {type(limits).__name__}")
+        if progress is not None and not callable(progress):
+            raise CaseBuildError("INVALID_ARGUMENT", f"progress= takes a callable, not {type(progress).__name__}")
         self.store = store
         #: None: the workspace's own (its ``limits.json``, else the defaults), read per build.
         self.limits = limits
@@ -1702,7 +1731,10 @@ class CaseBuilder:
         """Build (or reuse) the case; every failure is a :class:`CaseBuildError`
         carrying the original code, path and pointer (seed 001's API catches
         exactly that type)."""
+        from .plan import LIMITS_FROM_CALLER
+
         token = _PROGRESS_SINK.set(self.progress)
+        from_caller = LIMITS_FROM_CALLER.set(self.limits is not None)
         try:
             return self._build(case_id, package_id)
         except CaseBuildError:
@@ -1713,6 +1745,7 @@ class CaseBuilder:
             # The environment failed: the code the command line gives it too.
             raise coded_io_error(error, CaseBuildError) from error
         finally:
+            LIMITS_FROM_CALLER.reset(from_caller)
             _PROGRESS_SINK.reset(token)
 
     def _build(self, case_id: str, package_id: str | None) -> BuildResult:
@@ -1721,6 +1754,12 @@ class CaseBuilder:
         # run), so it does not keep this process's other threads out; builds
         # of one case through this API take turns here, as processes do there.
         with _thread_turn(ws, case_id), _locked(ws, case_id):
+            if package_id is not None:
+                # Before the build's start is recorded: a call refused for its
+                # argument changes nothing (it moved the case to BUILDING_CASE).
+                held = self.store.get(case_id).package_id
+                if package_id != held:
+                    raise CaseBuildError("INVALID_ARGUMENT", f"case {case_id} holds package {held}, not {one_line(str(package_id))}")
             limits = self.limits
             if limits is None:
                 from .workspace_limits import read_workspace_limits

@@ -33,6 +33,17 @@ _IN_FLIGHT: set[str] = set()
 _IN_FLIGHT_GUARD = threading.Lock()
 
 
+def _new_guard_in_child() -> None:
+    # Another thread may have held it at the fork. Its temp files stay in
+    # flight: they are the parent's, still being written.
+    global _IN_FLIGHT_GUARD
+    _IN_FLIGHT_GUARD = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_guard_in_child)
+
+
 def is_file_state(state) -> bool:
     """Whether ``state`` is what the content-hash checker records of a file:
     ``[size, sha256]``."""

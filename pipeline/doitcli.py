@@ -90,6 +90,15 @@ _DIGESTS_LIMIT = 4096
 _DIGESTS_GUARD = threading.Lock()  # builds of other cases may run in other threads
 
 
+def _new_guard_in_child() -> None:
+    global _DIGESTS_GUARD
+    _DIGESTS_GUARD = threading.Lock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_guard_in_child)
+
+
 def _remember_digest(key: tuple, digest: str) -> None:
     with _DIGESTS_GUARD:
         _DIGESTS[key] = digest

@@ -165,6 +165,12 @@ class VianoError(Exception):
             text += f" ({where})"
         return text
 
+    def __reduce__(self):
+        # Exception pickles as type(self)(*self.args), and args holds the
+        # message alone: a coded error failing a build in a host's process
+        # pool could not be sent back (the pool's result thread died).
+        return (type(self), (self.code, self.message), dict(self.__dict__))
+
     def to_dict(self) -> dict:
         """A JSON-ready description, used by status output and tests."""
         return {"code": self.code, "message": self.message, "path": self.path, "pointer": self.pointer}

@@ -1417,7 +1417,15 @@ def admit(
 
 def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progress | None) -> dict:
     case_id = validate_id(case_id, "case id")
-    ws = workspace if isinstance(workspace, Workspace) else Workspace(Path(workspace))
+    try:
+        ws = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
+    except VianoError as error:
+        raise AdmissionError(error.code, error.message) from None
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str) or not source.strip():
+        raise AdmissionError("INVALID_ARGUMENT", f"source is a str or os.PathLike path, not {type(source).__name__}"
+                             if not isinstance(source, str) else "source is empty")
     if progress is None:
         progress = StderrProgress()
     refuse_source_holding(source, ws.root)

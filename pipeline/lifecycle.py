@@ -402,6 +402,9 @@ class CheckpointStore:
         is for the commands that only observe (status, probes): the file is
         opened read-only, its journal mode and schema are left as they are,
         and a store without the schema holds no case (``UNKNOWN_CASE``)."""
+        if not isinstance(workspace, Workspace):
+            raise LifecycleError("INVALID_ARGUMENT", f"CheckpointStore takes a Workspace (CheckpointStore(Workspace(path))), "
+                                                     f"not {type(workspace).__name__}")
         self.workspace = workspace
         path = workspace.store_path
         refuse_symlinks(workspace, path.name, f"{path.name}-wal", f"{path.name}-shm")

@@ -26,6 +26,15 @@ class CaseBuilderLimits:
     summary_bytes: int = 8 * MiB  #: the rendered case_summary.md
     inline_fact_value: int = 16 * KiB  #: canonical JSON size above which a fact uses value_ref
 
+    def __post_init__(self) -> None:
+        # Refused when made, not midway through a build (a str compared
+        # with a size there was a TypeError).
+        from .errors import CaseBuildError
+
+        for name, value in self.to_dict().items():
+            if type(value) is not int or value < 1:
+                raise CaseBuildError("INVALID_ARGUMENT", f"CaseBuilderLimits.{name} must be a positive int, not {value!r}"[:300])
+
     def to_dict(self) -> dict:
         return {
             "document_bytes": self.document_bytes,

@@ -19,6 +19,7 @@ corrected append resumes a build that failed on a bad document.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import re
 
@@ -427,9 +428,17 @@ def _prior_in_listing_order(
     return [(path, role) for _key, _position, path, role in heapq.merge(*queues.values())] + rest
 
 
+#: True while a build runs with limits its caller gave (``CaseBuilder(store,
+#: limits)``), which no limits.json changes.
+LIMITS_FROM_CALLER: contextvars.ContextVar[bool] = contextvars.ContextVar("viano_limits_from_caller", default=False)
+
+
 def raise_hint(name: str, limit: int) -> str:
     """Where a refused build's limit can be raised (a workspace's limits.json), or that it cannot."""
     from .workspace_limits import ceiling
+
+    if LIMITS_FROM_CALLER.get():
+        return f" (CaseBuilderLimits.{name}, as given to CaseBuilder)"
 
     top = ceiling(name)
     if limit >= top:

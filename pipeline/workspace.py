@@ -178,7 +178,17 @@ class Workspace(FrozenRecord):
 
     def __init__(self, root) -> None:
         require_utf8_file_names()
-        object.__setattr__(self, "root", Path(os.path.abspath(os.fspath(root))))
+        # A str or os.PathLike naming a directory. Empty is refused, as
+        # ``workspace=`` is on the command line: an unset variable in a
+        # host's Workspace(os.environ.get("DIR", "")) would otherwise make
+        # a store in whatever directory the host runs in.
+        if isinstance(root, os.PathLike):
+            root = os.fspath(root)
+        if not isinstance(root, str):
+            raise VianoError("INVALID_ARGUMENT", f"a workspace is a str or os.PathLike path, not {type(root).__name__}")
+        if root.strip() == "":
+            raise VianoError("INVALID_ARGUMENT", "the workspace path is empty")
+        object.__setattr__(self, "root", Path(os.path.abspath(root)))
 
     @classmethod
     def from_var(cls, value: str | None) -> "Workspace":

@@ -1,0 +1,157 @@
+"""The library inside a host program (session 23's review of the Python API):
+errors a process pool can send back, a fork while another thread builds,
+arguments refused with a coded error before anything is written."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import threading
+from pathlib import Path
+
+import pytest
+
+import pipeline.build
+import pipeline.cache
+import pipeline.doitcli
+from pipeline.build import CaseBuilder
+from pipeline.errors import (
+    AdmissionError, CaseBuildError, IntegrityError, LifecycleError, ResearchError, VerificationError, VianoError,
+)
+from pipeline.intake import admit
+from pipeline.lifecycle import CheckpointStore
+from pipeline.limits import CaseBuilderLimits
+from pipeline.workspace import Workspace
+from tests.conftest import FIXTURES
+
+
+def _quiet(*_args) -> None:
+    return None
+
+
+@pytest.fixture
+def admitted(tmp_path) -> Workspace:
+    ws = Workspace(tmp_path / "ws")
+    admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
+    return ws
+
+
+@pytest.mark.parametrize("kind", [VianoError, AdmissionError, CaseBuildError, IntegrityError, LifecycleError,
+                                  ResearchError, VerificationError])
+def test_every_error_survives_pickling_and_copying_with_its_code_path_and_pointer(kind):
+    # Exception pickles as type(self)(*args), and args held the message alone:
+    # a coded error failing a build in a multiprocessing pool killed the
+    # pool's result thread, and the host's get() never returned.
+    error = kind("JSON_DUPLICATE_KEY", "key 'title' repeated", path="original/r.json", pointer="/title")
+    error.extra = [1]
+    for again in (pickle.loads(pickle.dumps(error)), copy.copy(error), copy.deepcopy(error)):
+        assert type(again) is kind and str(again) == str(error)
+        assert (again.code, again.message, again.path, again.pointer, again.extra) == (
+            "JSON_DUPLICATE_KEY", "key 'title' repeated", "original/r.json", "/title", [1])
+
+
+def _in_a_child(body) -> str:
+    """Fork; run ``body`` in the child; its return value (or its error) as text."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        try:
+            outcome = body()
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            outcome = f"{type(error).__name__}: {error}"
+        os.write(write_end, str(outcome).encode()[:4000])
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        text = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return text
+
+
+def test_a_fork_while_another_thread_builds_leaves_the_child_free_to_build(admitted):
+    """The child of a fork has only the forking thread: a case turn or guard
+    another thread held at the fork was never let go there (every later build
+    of that case waited 60 s for a thread that does not exist)."""
+    ws = admitted
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_everything() -> None:
+        with pipeline.build._thread_turn(ws, "c1"), pipeline.build._WRITTEN_GUARD, \
+                pipeline.doitcli._DIGESTS_GUARD, pipeline.cache._IN_FLIGHT_GUARD:
+            holding.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_everything)
+    holder.start()
+    try:
+        assert holding.wait(10)
+
+        def build_in_the_child() -> str:
+            with pipeline.build._thread_turn(ws, "c1", timeout=5):
+                pass
+            return CaseBuilder(CheckpointStore(ws), progress=_quiet).build("c1")["status"]
+
+        assert _in_a_child(build_in_the_child) == "published"
+    finally:
+        release.set()
+        holder.join()
+    assert CaseBuilder(CheckpointStore(ws), progress=_quiet).build("c1")["status"] in ("published", "reused")
+
+
+def test_a_build_refused_for_its_package_id_records_nothing(admitted):
+    store = CheckpointStore(admitted)
+    before = [c.transition for c in store.checkpoints("c1")], store.get("c1").state
+    with pytest.raises(CaseBuildError) as refused:
+        CaseBuilder(store, progress=_quiet).build("c1", "not-this-package")
+    assert refused.value.code == "INVALID_ARGUMENT" and "not not-this-package" in refused.value.message
+    assert ([c.transition for c in store.checkpoints("c1")], store.get("c1").state) == before
+
+
+@pytest.mark.parametrize("make", [
+    lambda ws: CheckpointStore(str(ws.root)),
+    lambda ws: CheckpointStore(None),
+    lambda ws: Workspace(""),
+    lambda ws: Workspace("  "),
+    lambda ws: Workspace(None),
+    lambda ws: Workspace(123),
+    lambda ws: Workspace(b"/tmp/ws"),
+    lambda ws: CaseBuilder(None),
+    lambda ws: CaseBuilder(ws),
+    lambda ws: CaseBuilder(CheckpointStore(ws), limits={"case_bytes": 1}),
+    lambda ws: CaseBuilder(CheckpointStore(ws), progress="stderr"),
+    lambda ws: CaseBuilderLimits(case_bytes="x"),
+    lambda ws: CaseBuilderLimits(case_bytes=-1),
+    lambda ws: CaseBuilderLimits(documents=0),
+    lambda ws: CaseBuilderLimits(inline_fact_value=None),
+    lambda ws: CaseBuilderLimits(summary_bytes=True),
+    lambda ws: CaseBuilderLimits(aggregate_bytes=1.5),
+    lambda ws: admit(ws, "c2", None, progress=_quiet),
+    lambda ws: admit(ws, "c2", 123, progress=_quiet),
+    lambda ws: admit(ws, "c2", b"/tmp/x", progress=_quiet),
+    lambda ws: admit(ws, "c2", "", progress=_quiet),
+    lambda ws: admit("", "c2", str(FIXTURES / "sample"), progress=_quiet),
+])
+def test_wrong_arguments_are_refused_with_a_coded_error_and_write_nothing(tmp_path, make):
+    ws = Workspace(tmp_path / "ws")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(VianoError) as refused:
+            make(ws)
+    finally:
+        os.chdir(cwd)
+    assert refused.value.code == "INVALID_ARGUMENT", refused.value
+    assert {p.name for p in tmp_path.iterdir()} <= {"ws"}  # nothing made in the cwd (an empty workspace path)
+
+
+def test_a_limit_the_caller_gave_is_named_as_the_callers_not_limits_json(admitted):
+    with pytest.raises(CaseBuildError) as refused:
+        CaseBuilder(CheckpointStore(admitted), CaseBuilderLimits(case_bytes=5000), progress=_quiet).build("c1")
+    assert refused.value.code == "LIMIT_EXCEEDED"
+    assert refused.value.message.endswith("limit 5000 (CaseBuilderLimits.case_bytes, as given to CaseBuilder)"), refused.value
+    # The workspace's own limits (none given): the hint names limits.json.
+    (Path(admitted.root) / "limits.json").write_text(
+        '{"format": "viano-workspace-limits", "format_version": 1, "case_builder": {"case_bytes": 8388608}}')
+    assert CaseBuilder(CheckpointStore(admitted), progress=_quiet).build("c1")["status"] == "published"
