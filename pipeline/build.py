@@ -1695,6 +1695,7 @@ def report_build(workspace_root, case_id) -> None:
         if confirmed is None:
             raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
         published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
+    _refuse_a_report_of_an_older_plan(ws, case_id, cache, plan, published["generation"])
     from .doitcli import command_line_stdout
     from .interrupts import ignore_interrupts_from_now
 
@@ -1704,6 +1705,25 @@ def report_build(workspace_root, case_id) -> None:
         f"(request {plan['request_hash'][:16]})\n"
     )
     ignore_interrupts_from_now()  # the build is confirmed and says so; a Ctrl-C now would only contradict it
+
+
+def _refuse_a_report_of_an_older_plan(ws, case_id: str, cache: BuildCache, plan: dict, reported_generation: int) -> None:
+    """The build task alone (``doit -s build``, or ``single`` in a doit
+    config) runs none of the steps: after an append or a reopen its plan is
+    the previous build's, and it said that revision was "confirmed at
+    generation N", N the append's (found by session 23's review). A generation
+    past both the plan's and the reported one was never taken in by a build."""
+    try:
+        planned = cache.read_json(cache.store_state)["store_generation"]
+    except (OSError, VianoError, KeyError, TypeError):
+        planned = 0
+    current = _package(ws, case_id, plan["package_id"], cache).current_generation()
+    if isinstance(planned, int) and current > max(planned, reported_generation):
+        raise CaseBuildError(
+            "STALE_GENERATION",
+            f"generation {current} of case {case_id} came after this build's plan (revision {plan['analysis_revision']}), "
+            f"and the steps did not run (`doit -s build` runs only the report): run `doit build case={case_id}`",
+        )
 
 
 class CaseBuilder:

@@ -299,9 +299,7 @@ def guarded(target: str, *args, **kwargs):
         # The reader went away (``doit status | head``): stop writing quietly,
         # as command-line tools do, instead of reporting a failed write.
         # Later writes and the flush at exit go to /dev/null.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, command_line_stdout().fileno())
-        os.close(devnull)
+        _quiet_from_now_on()
         return None
     except OSError as error:
         # The environment failed (disk full, permissions, a path that is not a
@@ -434,6 +432,43 @@ def refuse_other_processes(module_name: str) -> TaskFailed | None:
     return None
 
 
+#: doit's commands that read or change its records of tasks (not ``run``,
+#: which does so for the build tasks it names; ``list`` with ``--status``).
+_RECORD_COMMANDS = ("forget", "ignore", "reset-dep", "clean", "info", "strace", "dumpdb")
+
+
+def _uses_the_case_records(argv) -> bool:
+    """Whether this doit command works on the case's dependency file whatever
+    tasks it names: ``doit forget --all case=ID`` said "forgetting all tasks"
+    and forgot nothing (found by session 23's review), as it ran on records
+    kept in memory."""
+    command, rest = _doit_command(argv)
+    if command in _RECORD_COMMANDS:
+        return True
+    return command == "list" and any(
+        arg == "--status" or (arg.startswith("-") and not arg.startswith("--") and "s" in arg) for arg in rest
+    )
+
+
+def _doit_command(argv) -> tuple[str | None, list[str]]:
+    """The doit command named on the command line and the arguments after
+    it, as doit finds it: past its loader's options (``-f FILE``, ``-d DIR``,
+    ``-k``), which may come first, and the ``name=value`` variables."""
+    args = [arg for arg in argv[1:] if "=" not in arg or arg.startswith("-")]
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg in ("-f", "--file", "-d", "--dir"):
+            index += 2
+        elif arg.startswith(("--file=", "--dir=")) or (arg[:2] in ("-f", "-d") and len(arg) > 2) or arg in ("-k", "--seek-file"):
+            index += 1
+        else:
+            break
+    if index < len(args) and not args[index].startswith("-"):
+        return args[index], args[index + 1:]
+    return None, args[index:]
+
+
 def _requested_tasks(argv) -> list[str]:
     names = []
     for arg in argv[1:]:
@@ -543,6 +578,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         sys.stderr.write(f"INVALID_ARGUMENT: {problem}\n")
         raise SystemExit(3)
     _note_what_each_run_selects()
+    _guard_doits_own_commands()
     config = {
         "backend": "sqlite3",
         "dep_file": ":memory:",
@@ -552,7 +588,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         "verbosity": 1,
     }
     requested = _requested_tasks(argv)
-    wants_build = any(name in BUILD_TASKS for name in requested)
+    wants_build = any(name in BUILD_TASKS for name in requested) or _uses_the_case_records(argv)
     if not case_var:
         return config
     try:
@@ -647,6 +683,55 @@ def declares_subtask(task_name: str, target: str) -> bool:
         return True  # doit skips it, and with it every step after it
     checker = stored(task_name, "checker:")
     return bool(checker) and checker != records.checker.__class__.__name__
+
+
+def _guard_doits_own_commands() -> None:
+    """doit's own commands that print (list, info, ...) end quietly when
+    their reader goes away (``doit list --all | head -1`` was a
+    BrokenPipeError traceback), and ``doit info`` of a task that is not one
+    (an unknown name, or a per-file task before a build planned its file)
+    is doit's ``ERROR: ... is not a task.`` as in its other commands (it was
+    a KeyError traceback). Found by session 23's review."""
+    import importlib
+
+    from doit.cmd_base import check_tasks_exist
+
+    for module_name, class_name in (("doit.cmd_info", "Info"), ("doit.cmd_list", "List"), ("doit.cmd_forget", "Forget"),
+                                    ("doit.cmd_ignore", "Ignore"), ("doit.cmd_clean", "Clean"),
+                                    ("doit.cmd_resetdep", "ResetDep"), ("doit.cmd_strace", "Strace"),
+                                    ("doit.cmd_help", "Help")):
+        try:
+            command = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue  # another doit: left as it is
+        execute = command.__dict__.get("_execute")
+        if execute is None or getattr(execute, "viano_guarded", False):
+            continue
+
+        def guarded_execute(self, *args, __execute=execute, __checks_names=class_name == "Info", **kwargs):
+            if __checks_names:
+                names = kwargs.get("pos_args", args[0] if args else None)
+                if isinstance(names, list) and len(names) == 1:
+                    check_tasks_exist({task.name: task for task in self.task_list}, names)
+            try:
+                return __execute(self, *args, **kwargs)
+            except BrokenPipeError:
+                _quiet_from_now_on()
+                return 0
+
+        functools.update_wrapper(guarded_execute, execute)
+        guarded_execute.viano_guarded = True
+        command._execute = guarded_execute
+
+
+def _quiet_from_now_on() -> None:
+    """The reader of the standard output went away: later writes, and the
+    flush at exit, go to /dev/null (as command-line tools end)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, command_line_stdout().fileno())
+    finally:
+        os.close(devnull)
 
 
 def _note_what_each_run_selects() -> None:

@@ -1138,3 +1138,58 @@ def test_build_steps_run_for_a_named_target_hold_the_case_lock(tmp_path, admitte
     assert ".  read_input:original/report-later.json" in err.splitlines() and ".  assemble" in err.splitlines(), err
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0 and "confirmed at generation" in built.stdout, built.stderr
+
+
+def test_the_build_task_alone_does_not_report_an_older_plan_as_confirmed(tmp_path, admitted):
+    """`doit -s build` runs the report and none of the steps: after an
+    append it said 'revision 1 ... confirmed at generation 4', the append's."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "extra", "original/report-later.json")
+    alone = kit.doit("-s", "build", "case=c1", workspace=ws)
+    assert alone.returncode == 1 and alone.stdout == "", (alone.stdout, alone.stderr)
+    assert alone.stderr.splitlines()[-1] == (
+        "STALE_GENERATION: generation 4 of case c1 came after this build's plan (revision 1), and the steps did not run "
+        "(`doit -s build` runs only the report): run `doit build case=c1`"), alone.stderr
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert "case c1 revision 2: " in built.stdout and "confirmed at generation 5" in built.stdout, built.stdout
+    again = kit.doit("-s", "build", "case=c1", workspace=ws)
+    assert again.returncode == 0 and again.stdout == built.stdout, (again.stdout, again.stderr)
+
+
+@pytest.mark.parametrize("command", [("forget", "--all"), ("clean", "-a", "--forget")])
+def test_doits_record_commands_without_a_task_name_act_on_the_cases_records(admitted, command):
+    """They ran on records kept in memory, so `doit forget --all case=c1`
+    said "forgetting all tasks" and forgot nothing (session 23's review)."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert "  assemble: up to date\n" in kit.doit("status", "case=c1", workspace=ws).stdout
+    assert kit.doit(*command, "case=c1", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: would run: no record of its last run" in outlook, outlook
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0 and ".  assemble" in rebuilt.stderr.splitlines(), rebuilt.stderr
+    assert len(kit.manifests(ws, "c1")) == 2  # the confirmed case reused
+
+
+def test_doits_own_commands_give_no_traceback_for_an_unknown_task_or_a_reader_gone(admitted):
+    """Session 23's review: `doit info nosuch` (or a per-file task before a
+    build planned its file) was a KeyError traceback, and `doit list --all |
+    head -1` a BrokenPipeError one."""
+    ws = admitted
+    for name in ("nosuch", "read_input:original/report-a.json"):
+        info = kit.doit("info", name, "case=c1", workspace=ws)
+        assert info.returncode == 3 and "Traceback" not in info.stderr, info.stderr
+        assert info.stderr.strip().endswith(f"ERROR: '{name}' is not a task."), info.stderr
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("info", "read_input:original/report-a.json", "case=c1", workspace=ws).returncode == 0
+    for command in (("list", "--all"), ("info", "assemble")):
+        child = subprocess.Popen(["doit", "-f", str(REPO / "dodo.py"), *command, "case=c1", f"workspace={ws}"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=doit_env(), cwd=REPO)
+        child.stdout.readline()
+        child.stdout.close()  # as `| head -1` does
+        with child.stderr:
+            err = child.stderr.read().decode()
+        child.wait(timeout=60)
+        assert "Traceback" not in err and "BrokenPipe" not in err, err
+        assert child.returncode in (0, 1), (child.returncode, err)  # doit's info says 1 for a task that would run
