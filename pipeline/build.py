@@ -1657,6 +1657,17 @@ def publish_is_current(workspace_root, case_id) -> bool:
     cache = case_cache(ws, case_id)
     try:
         plan = cache.read_plan()
+    except (OSError, VianoError):
+        return False
+    return publication_noted(ws, case_id, cache, plan)
+
+
+def publication_noted(ws, case_id: str, cache: BuildCache, plan: dict) -> bool:
+    """Whether the cache's note of the last publication says ``plan``'s case
+    is confirmed and its published outputs verified as they are now
+    (:func:`publish_is_current`; ``doit status`` asks it of the plan the
+    build will make)."""
+    try:
         published = cache.read_json(cache.published)
     except (OSError, VianoError):
         return False

@@ -1193,3 +1193,21 @@ def test_doits_own_commands_give_no_traceback_for_an_unknown_task_or_a_reader_go
         child.wait(timeout=60)
         assert "Traceback" not in err and "BrokenPipe" not in err, err
         assert child.returncode in (0, 1), (child.returncode, err)  # doit's info says 1 for a task that would run
+
+
+def test_status_foretells_publish_when_the_cache_holds_an_older_builders_note(admitted):
+    """Session 23's upgrade review: a workspace built before cache records
+    were sealed holds an unsealed note of the publication, which the build
+    does not take (publish runs, reusing the case), while status said
+    `publish: up to date`."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    note = ws / ".cache" / "c1" / "out" / "published.json"
+    note.write_bytes(kit.unsealed(note.read_bytes()))
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert ("  publish: would run: the build cache has no note of this publication (or one an older builder wrote); "
+            "reuses case-build/v1/r1, confirmed for these inputs (no new generation)\n") in outlook, outlook
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and ".  publish" in built.stderr.splitlines(), built.stderr
+    assert len(kit.manifests(ws, "c1")) == 2
+    assert "  publish: up to date: " in kit.doit("status", "case=c1", workspace=ws).stdout
