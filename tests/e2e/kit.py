@@ -185,6 +185,22 @@ def reach_step(child: subprocess.Popen, steps: Path, point: str, timeout: float 
         time.sleep(0.01)
 
 
+def run_paused_at(point: str, steps: Path, *args: str, workspace: Path, while_paused) -> subprocess.CompletedProcess:
+    """A :func:`stepping_doit` run that stops at ``point``, where
+    ``while_paused()`` is called, then goes on to its end."""
+    child = stepping_doit(point, steps, *args, workspace=workspace)
+    try:
+        reach_step(child, steps, point)
+        while_paused()
+        (steps / f"{point}.go").touch()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
 @contextlib.contextmanager
 def paused_doit(proc: str, proc_args: list[str], ready: Path, *args: str, workspace: Path):
     """The real doit run through ``tests/procs/<proc>`` (which pauses it and

@@ -282,21 +282,15 @@ def test_records_gone_after_doit_passed_over_their_tasks_are_made_again_by_assem
     def build_removing_records_at_assemble(*patterns: str) -> subprocess.CompletedProcess:
         steps = tmp_path / f"steps-{len(list(tmp_path.glob('steps-*')))}"
         steps.mkdir()
-        child = kit.stepping_doit("build:assemble", steps, "build", "case=c1", workspace=ws)
-        try:
-            kit.reach_step(child, steps, "build:assemble")
+
+        def remove_records() -> None:
             for pattern in patterns:
                 removed = [path for path in (ws / ".cache" / "c1").glob(pattern) if path.is_file()]
                 assert removed, pattern
                 for path in removed:
                     path.unlink()
-            (steps / "build:assemble.go").touch()
-            out, err = child.communicate(timeout=120)
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
-        return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+        return kit.run_paused_at("build:assemble", steps, "build", "case=c1", workspace=ws, while_paused=remove_records)
 
     # A first build assembles the whole case: every input and opaque record removed.
     first = build_removing_records_at_assemble("documents/*/*.i16384.json", "opaque/*.json")
@@ -1124,17 +1118,13 @@ def test_build_steps_run_for_a_named_target_hold_the_case_lock(tmp_path, admitte
     steps = tmp_path / "steps"
     steps.mkdir()
     target = ws / ".cache" / "c1" / "out" / "case.json"
-    child = kit.stepping_doit("build:assemble", steps, str(target), "case=c1", workspace=ws)
-    try:
-        kit.reach_step(child, steps, "build:assemble")  # read_input of the new report has run
+
+    def check_the_lock() -> None:  # read_input of the new report has run
         assert case_lock_held_elsewhere(Workspace(ws), "c1")
-        (steps / "build:assemble.go").touch()
-        out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
-    assert child.returncode == 0, err
+
+    run = kit.run_paused_at("build:assemble", steps, str(target), "case=c1", workspace=ws, while_paused=check_the_lock)
+    err = run.stderr
+    assert run.returncode == 0, err
     assert ".  read_input:original/report-later.json" in err.splitlines() and ".  assemble" in err.splitlines(), err
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0 and "confirmed at generation" in built.stdout, built.stderr
