@@ -1659,19 +1659,19 @@ def publish_is_current(workspace_root, case_id) -> bool:
         plan = cache.read_plan()
     except (OSError, VianoError):
         return False
-    return publication_noted(ws, case_id, cache, plan)
+    return publication_noted(ws, case_id, cache, plan) and _confirmed_for(ws, case_id, plan) is not None
 
 
 def publication_noted(ws, case_id: str, cache: BuildCache, plan: dict) -> bool:
-    """Whether the cache's note of the last publication says ``plan``'s case
-    is confirmed and its published outputs verified as they are now
-    (:func:`publish_is_current`; ``doit status`` asks it of the plan the
-    build will make)."""
+    """Whether the cache's note of the last publication is of ``plan``'s
+    case, its published outputs verified as they are now: with the store's
+    confirmation, what :func:`publish_is_current` asks (``doit status`` asks
+    this of the plan the build will make, and the store itself read-only)."""
     try:
         published = cache.read_json(cache.published)
     except (OSError, VianoError):
         return False
-    if published.get("request_hash") != plan.get("request_hash") or _confirmed_for(ws, case_id, plan) is None:
+    if published.get("request_hash") != plan.get("request_hash"):
         return False
     # A published output gone or changed (it is never rewritten, so only
     # damage changes it): run publish, whose reuse verifies the outputs
@@ -1710,11 +1710,16 @@ def report_build(workspace_root, case_id) -> None:
     from .doitcli import command_line_stdout
     from .interrupts import ignore_interrupts_from_now
 
-    command_line_stdout().write(
+    out = command_line_stdout()
+    out.write(
         f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
         f"{published['case_summary']} confirmed at generation {published['generation']} "
         f"(request {plan['request_hash'][:16]})\n"
     )
+    # Now: with thread workers doit may leave its capture in sys.stdout's
+    # place, and then nothing flushes this stream at exit (the line was lost
+    # in 1 to 5 of 6 such builds wherever PYTHONUNBUFFERED is unset).
+    out.flush()
     ignore_interrupts_from_now()  # the build is confirmed and says so; a Ctrl-C now would only contradict it
 
 
