@@ -577,10 +577,11 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
 
     from .lifecycle import on_read_only_filesystem, out_of_space
 
-    if on_read_only_filesystem(ws.root):
+    if on_read_only_filesystem(ws.root) or not _may_write_the_store_and_lock(ws, case_id):
         # Nothing can be locked or rolled forward there (an archived
-        # workspace, a read-only mount): the store's last confirmed state is
-        # exported as it stands.
+        # workspace, a read-only mount, another user's workspace this one
+        # may only read): the store's last confirmed state is exported as it
+        # stands.
         record, package = _observed(ws, case_id)
     else:
         try:
@@ -639,6 +640,15 @@ def cmd_export(case=None, dest=None, workspace=None) -> None:
 
 #: How long an export waits for another export to the same destination.
 EXPORT_LOCK_TIMEOUT = 30.0
+
+
+def _may_write_the_store_and_lock(ws, case_id: str) -> bool:
+    """Whether this user may take the case lock and write the store (export
+    rolls a lost confirmation forward under the lock): not in a workspace of
+    another user's that it may only read."""
+    lock = ws.lock_path(case_id)  # case_id checked by _context
+    paths = (ws.root, ws.store_path, lock.parent, lock)
+    return all(os.access(path, os.W_OK) for path in paths if os.path.lexists(path))
 
 
 @contextlib.contextmanager

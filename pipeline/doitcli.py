@@ -19,6 +19,7 @@ lives here:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import errno
 import functools
@@ -628,6 +629,10 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         cache_dir.mkdir(parents=True, exist_ok=True)
         dep_file = cache_dir / "doit.sqlite3"
         _discard_if_corrupt(dep_file)
+        with contextlib.suppress(FileExistsError):
+            # 0666 less the umask (SQLite would make it 0644): the next build
+            # of a workspace shared through a group may be another user's.
+            os.close(os.open(dep_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
     except VianoError as error:
         sys.stderr.write(str(error) + "\n")
         raise SystemExit(3)

@@ -33,6 +33,7 @@ output. One store object is one connection: use it from one thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -224,9 +225,10 @@ def _header_says_unwritable(store: "os.PathLike[str]") -> bool:
     return len(header) == 20 and header.startswith(b"SQLite format 3\x00") and (header[18] > 2 or header[19] > 2)
 
 
-def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, bool]:
-    """A read-only connection, and whether it was opened as immutable on a
-    full disk. A WAL database needs its shared-memory file, which a
+def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, tuple[str, str] | None]:
+    """A read-only connection, and, where it was opened as immutable while a
+    writer may be at work (a full disk, a folder this user may not write),
+    why and what to do about a read that looks damaged. A WAL database needs its shared-memory file, which a
     read-only filesystem cannot give when the last writer closed cleanly (and
     removed it), nor a full one when a writer left it short (SQLite's "disk
     I/O error"). Then the file is opened as immutable, which needs none but
@@ -241,7 +243,7 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, b
     conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
     try:
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-        return conn, False
+        return conn, None
     except sqlite3.OperationalError as exc:
         conn.close()
         error_name = getattr(exc, "sqlite_errorname", "")
@@ -260,15 +262,46 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, b
         read_only = error_name == "SQLITE_CANTOPEN" and on_read_only_filesystem(path.parent)
         full = not read_only and out_of_space(path.parent) and (
             error_name.startswith("SQLITE_IOERR") or error_name in ("SQLITE_CANTOPEN", "SQLITE_FULL"))
-        if not (read_only or full):
+        # A user who may read the workspace but not write its folder (another
+        # user's, or a group's with read access only) cannot make the
+        # shared-memory file either: SQLite's "attempt to write a readonly
+        # database" for a command that only reads (session 23's review).
+        no_access = not (read_only or full) and error_name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and not os.access(
+            path.parent, os.W_OK)
+        if not (read_only or full or no_access):
             raise
     if _wal_holds_changes(path):
-        where = "a full filesystem (no space or no inodes left)" if full else "a read-only filesystem"
+        where = ("sits on a full filesystem (no space or no inodes left)" if full else "sits on a read-only filesystem" if read_only
+                 else "is in a folder this user may not write")
         raise LifecycleError(
-            "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and sits on "
-            f"{where}, where they cannot be read", path=path.name,
+            "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and {where}, "
+            "where they cannot be read", path=path.name,
         )
-    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True), full
+    unsure = (("the disk is full", "free some space and run it again") if full
+              else ("this user may not write its folder", "run it again") if no_access else None)
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True), unsure
+
+
+def _not_writable_here(path) -> str | None:
+    """What of the store (its folder, the file, its -wal and -shm files)
+    this process may not write, and whose it is; None if it may write all."""
+    for part in (path.parent, path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            st = os.stat(part)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None  # SQLite says what is wrong
+        if not os.access(part, os.W_OK):
+            try:
+                import pwd
+
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except (ImportError, KeyError):
+                owner = f"uid {st.st_uid}"
+            what = "its folder" if part == path.parent else part.name
+            return f"{what} belongs to {owner} (mode {stat.S_IMODE(st.st_mode):o}); a workspace shared by several users needs a common group, setgid folders and umask 002 from its start"
+    return None
 
 
 def _wal_holds_changes(path) -> bool:
@@ -414,6 +447,13 @@ class CheckpointStore:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
+                # Made here rather than by SQLite (0644 whatever the umask), so
+                # that the umask decides, as for every file of the workspace: a
+                # workspace shared through a group (umask 002) needs its store,
+                # and the -wal/-shm files SQLite gives the store's mode,
+                # writable by the group.
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666))
             except (FileExistsError, NotADirectoryError):
                 # The workspace root, or a folder on its way, is a file: what
                 # the commands say of it too, never a bare OSError.
@@ -432,6 +472,12 @@ class CheckpointStore:
             # SQLite's own word for it is "unable to open database file".
             raise LifecycleError("IO_ERROR", "the workspace's filesystem is read-only, where the checkpoint store cannot be written",
                                  path=path.name)
+        unwritable = None if read_only else _not_writable_here(path)
+        if unwritable is not None:
+            # SQLite opens such a store read-only without a word and refuses
+            # the first write ("attempt to write a readonly database"), after
+            # a reopen or append had published its generation.
+            raise LifecycleError("IO_ERROR", f"this user cannot write the checkpoint store: {unwritable}", path=path.name)
         if not read_only and out_of_space(path.parent):
             # A writer on a full disk fails anyway; and where blocks are
             # smaller than 4 KiB, SQLite's store into a shared-memory page the
@@ -441,15 +487,15 @@ class CheckpointStore:
                 "where the checkpoint store cannot be written", path=path.name,
             )
         try:
-            immutable_on_a_full_disk = False
+            read_unsure = None
             if read_only:
-                conn, immutable_on_a_full_disk = _connect_read_only(path, busy_timeout)
+                conn, read_unsure = _connect_read_only(path, busy_timeout)
             else:
                 conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
             raise _db_error(exc, "opening", path) from None
         self._conn = conn
-        self._read_on_a_full_disk = immutable_on_a_full_disk
+        self._read_unsure = read_unsure
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             if not read_only and not conn.execute(
@@ -588,11 +634,12 @@ class CheckpointStore:
         writer (one that opened it before the disk filled) was writing: what
         looks like damage there is reported as a read to retry, not as a
         damaged store (``INTEGRITY_ERROR`` stands once space is freed)."""
-        if not (self._read_on_a_full_disk and error.code == "INTEGRITY_ERROR"):
+        if not (self._read_unsure and error.code == "INTEGRITY_ERROR"):
             return error
+        cause, advice = self._read_unsure
         return LifecycleError(
-            "IO_ERROR", f"the checkpoint store could not be read consistently: the disk is full, so it was read without "
-            f"its shared-memory file while a writer may be at work ({error.message}); free some space and run it again",
+            "IO_ERROR", f"the checkpoint store could not be read consistently: {cause}, so it was read without "
+            f"its shared-memory file while a writer may be at work ({error.message}); {advice}",
             path=error.path,
         )
 

@@ -398,7 +398,9 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
     path = workspace.lock_path(case_id)
     refuse_symlinks(workspace, f".locks/{path.name}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    # 0666 less the umask: another user of a workspace shared through a group
+    # takes the same lock file.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
     owned = False  # True once the record owns fd (it is then closed by the last holder)
     try:
         started = time.monotonic()
@@ -498,7 +500,7 @@ def makedirs_nofollow(dir_fd: int, reldir: str) -> tuple[int, list[int]]:
         for part in reldir.split("/"):
             made = False
             try:
-                os.mkdir(part, 0o755, dir_fd=fd)
+                os.mkdir(part, 0o777, dir_fd=fd)  # less the umask, as Path.mkdir does
                 made = True
             except FileExistsError:
                 pass

@@ -798,7 +798,7 @@ def test_a_store_read_without_its_shared_memory_on_a_full_disk_reports_apparent_
     try:
         damage = IntegrityError("INTEGRITY_ERROR", "database disk image is malformed", path="checkpoints.sqlite3")
         assert store._unsure(damage) is damage
-        store._read_on_a_full_disk = True
+        store._read_unsure = ("the disk is full", "free some space and run it again")
         unsure = store._unsure(damage)
         assert unsure.code == "IO_ERROR" and "could not be read consistently: the disk is full" in unsure.message
         assert "database disk image is malformed" in unsure.message and unsure.path == "checkpoints.sqlite3"
@@ -815,12 +815,12 @@ def test_a_reader_on_a_full_disk_takes_the_normal_locked_read_when_it_works(tmp_
     ws = Workspace(tmp_path / "ws")
     lifecycle.CheckpointStore(ws).close()
     monkeypatch.setattr(lifecycle, "out_of_space", lambda directory: True)
-    conn, immutable = lifecycle._connect_read_only(ws.store_path, 1.0)
+    conn, unsure = lifecycle._connect_read_only(ws.store_path, 1.0)
     conn.close()
-    assert immutable is False
+    assert unsure is None
     store = lifecycle.CheckpointStore(ws, read_only=True)
     try:
-        assert store._read_on_a_full_disk is False
+        assert store._read_unsure is None
     finally:
         store.close()
 
@@ -834,7 +834,7 @@ def test_a_torn_schema_read_on_a_full_disk_is_a_read_to_retry(tmp_path, monkeypa
     ws = Workspace(tmp_path / "ws")
     lifecycle.CheckpointStore(ws).close()
     real = lifecycle._connect_read_only
-    monkeypatch.setattr(lifecycle, "_connect_read_only", lambda path, timeout: (real(path, timeout)[0], True))
+    monkeypatch.setattr(lifecycle, "_connect_read_only", lambda path, timeout: (real(path, timeout)[0], ("the disk is full", "free some space")))
 
     def foreign(self):
         raise IntegrityError("INTEGRITY_ERROR", "checkpoint store has tables but no schema version: not ours")
