@@ -155,3 +155,61 @@ def test_a_limit_the_caller_gave_is_named_as_the_callers_not_limits_json(admitte
     (Path(admitted.root) / "limits.json").write_text(
         '{"format": "viano-workspace-limits", "format_version": 1, "case_builder": {"case_bytes": 8388608}}')
     assert CaseBuilder(CheckpointStore(admitted), progress=_quiet).build("c1")["status"] == "published"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switches to another user: needs root")
+def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_before_anything_is_written(tmp_path):
+    """Session 23's review as ordinary users: status, probes and export of
+    another user's workspace said "attempt to write a readonly database"
+    (SQLite cannot make the shared-memory file in a folder it may not
+    write), and a reopen of a store this user may not write published its
+    generation before the store refused it."""
+    import pwd
+    import shutil
+    import tempfile
+
+    import pipeline.commands
+    from pipeline.commands import cmd_export
+
+    nobody = pwd.getpwnam("nobody")
+    root = Path(tempfile.mkdtemp(prefix="viano-readers-"))  # not under pytest's private folder
+    try:
+        os.chmod(root, 0o755)
+        ws = Workspace(root / "ws")
+        admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
+        store = CheckpointStore(ws)
+        CaseBuilder(store, progress=_quiet).build("c1")
+        store.close()  # the last writer gone: its -wal merged, -wal and -shm removed
+        assert not (root / "ws" / "checkpoints.sqlite3-shm").exists()
+        out = root / "out"
+        out.mkdir()
+        os.chown(out, nobody.pw_uid, nobody.pw_gid)
+        before = sorted(p.name for p in (root / "ws").iterdir())
+
+        def as_nobody() -> str:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            seen = []
+            store = CheckpointStore(ws, read_only=True)
+            seen.append(store.get("c1").state)
+            store.close()
+            try:
+                CheckpointStore(ws)
+            except LifecycleError as error:
+                seen.append(str(error))
+            cmd_export(case="c1", dest=str(out / "export"), workspace=str(ws.root))
+            seen.append(",".join(sorted(p.name for p in (out / "export").iterdir())))
+            return " | ".join(seen)
+
+        assert pipeline.commands  # imported before the switch: no module can be read after it
+        outcome = _in_a_child(as_nobody)
+        assert outcome.split(" | ") == [
+            "BUILDING_CASE",  # with its case confirmed
+            "IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root (mode 755); a workspace shared "
+            "by several users needs a common group, setgid folders and umask 002 from its start (checkpoints.sqlite3)",
+            "case.json,case_summary.md,manifest.json",
+        ], outcome
+        assert sorted(p.name for p in (root / "ws").iterdir()) == before  # nothing made by the reader
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

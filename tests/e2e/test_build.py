@@ -1201,3 +1201,31 @@ def test_status_foretells_publish_when_the_cache_holds_an_older_builders_note(ad
     assert built.returncode == 0 and ".  publish" in built.stderr.splitlines(), built.stderr
     assert len(kit.manifests(ws, "c1")) == 2
     assert "  publish: up to date: " in kit.doit("status", "case=c1", workspace=ws).stdout
+
+
+def test_what_the_builder_makes_follows_the_umask_so_a_group_can_share_a_workspace(tmp_path):
+    """Session 23's review as ordinary users: the store (so its -wal/-shm),
+    the dep file, lock files and the folders of a publication were 0644/0755
+    whatever the umask, so a second user of a group-shared workspace
+    (setgid folders, umask 002) met `Permission denied` on the lock."""
+    import stat as stat_module
+
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    previous = os.umask(0o002)
+    try:
+        assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+        assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+        assert kit.doit("reopen", "case=c1", "by=human:b", "reason=more", workspace=ws).returncode == 0
+        assert kit.doit("status", "case=c1", workspace=ws).returncode == 0
+    finally:
+        os.umask(previous)
+    package = kit.package_dir(ws, "c1")
+    shared = [ws / "checkpoints.sqlite3", ws / "checkpoints.sqlite3-wal", ws / "checkpoints.sqlite3-shm",
+              ws / ".cache" / "c1" / "doit.sqlite3", ws / ".locks" / "c1.lock", ws / ".locks",
+              package / "content" / "case" / "revisions" / "0001", package / "content" / "inputs" / "3", package / "manifests"]
+    for path in shared:
+        mode = stat_module.S_IMODE(path.stat().st_mode)
+        assert mode & 0o020, (path, oct(mode))  # group-writable
+    # Published content is never rewritten: written once, read by all.
+    assert stat_module.S_IMODE((package / "content" / "case" / "revisions" / "0001" / "case.json").stat().st_mode) & 0o444 == 0o444
