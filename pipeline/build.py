@@ -1695,6 +1695,10 @@ def report_build(workspace_root, case_id) -> None:
     """The ``build`` task's own output: one line naming the confirmed case."""
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
+    if not cache.plan.exists():
+        # Only the report ran (`doit -s build`), and no build ever planned.
+        raise CaseBuildError("NOT_BUILT", f"case {case_id} has no plan yet: the steps did not run "
+                                          f"(`doit -s build` runs only the report): run `doit build case={case_id}`")
     plan = cache.read_plan()
     try:
         published = cache.read_json(cache.published)
@@ -1793,7 +1797,13 @@ class CaseBuilder:
             if package_id is not None:
                 # Before the build's start is recorded: a call refused for its
                 # argument changes nothing (it moved the case to BUILDING_CASE).
-                held = self.store.get(case_id).package_id
+                # An unknown case is validate_index's to name, as without one.
+                try:
+                    held = self.store.get(case_id).package_id
+                except VianoError as error:
+                    if error.code != "UNKNOWN_CASE":
+                        raise
+                    held = package_id
                 if package_id != held:
                     raise CaseBuildError("INVALID_ARGUMENT", f"case {case_id} holds package {held}, not {one_line(str(package_id))}")
             limits = self.limits

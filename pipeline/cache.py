@@ -11,7 +11,6 @@ content (published files are only ever created with ``os.link``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import stat
@@ -42,6 +41,28 @@ def _new_guard_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_guard_in_child)
+
+
+class _computed_once:
+    """``functools.cached_property`` without its lock: on Python 3.11 that is
+    one lock per property, shared by every instance and held while the value
+    is computed, so a fork while another thread held it left the child's
+    next build waiting for ever (found by session 23's re-review). Two
+    threads may both compute the value here; it is the same value."""
+
+    def __init__(self, function) -> None:
+        self.function = function
+        self.name = function.__name__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = self.function(instance)
+        instance.__dict__[self.name] = value
+        return value
 
 
 def is_file_state(state) -> bool:
@@ -169,11 +190,11 @@ class BuildCache:
         over = ".over" if over_limit else ""
         return f"{self._documents}/{sha256}.{contract}.{_path_key(path)}.i{int(inline_fact_value)}{over}.json"
 
-    @functools.cached_property
+    @_computed_once
     def _documents(self) -> str:
         return os.fspath(self.root / "documents" / self._code)
 
-    @functools.cached_property
+    @_computed_once
     def _code(self) -> str:
         from .doitcli import code_version
 
@@ -192,7 +213,7 @@ class BuildCache:
     def opaque_name(self, path: str, sha256: str, size: int) -> str:
         return f"{self._root}/opaque/{sha256}.{size}.{_path_key(path)}.json"
 
-    @functools.cached_property
+    @_computed_once
     def _root(self) -> str:
         return os.fspath(self.root)
 

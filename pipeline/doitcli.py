@@ -38,7 +38,7 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
 from .cache import is_file_state, sound_doit_record
-from .errors import VianoError, coded_io_error, one_line
+from .errors import CaseBuildError, VianoError, coded_io_error, one_line
 from .interrupts import ignore_interrupts_from_now, report_interrupts_on_one_line
 
 __all__ = ["ContentHashChecker", "OneLineReporter", "guarded", "doit_config", "code_version", "subtask_name", "declares_subtask", "BUILD_TASKS"]
@@ -418,6 +418,10 @@ def replaced_build_record_option(argv) -> str | None:
 _LOCKED_BY_ENV = "VIANO_CASE_LOCK_PID"
 
 
+_SEVERAL_PROCESSES = ("build steps cannot run in several processes (-n with process workers): "
+                      "the case lock is one process's; leave -n out or add -P thread")
+
+
 def refuse_other_processes(module_name: str) -> TaskFailed | None:
     """Build steps run in the process that holds the case lock. doit's
     process workers (``-n N``, however it is spelled, or set in a doit
@@ -426,10 +430,7 @@ def refuse_other_processes(module_name: str) -> TaskFailed | None:
     workers share the lock)."""
     holder = os.environ.get(_LOCKED_BY_ENV)
     if holder is not None and holder != str(os.getpid()) and module_name == "pipeline.build":
-        return TaskFailed(
-            "INVALID_ARGUMENT: build steps cannot run in several processes (-n with process workers): "
-            "the case lock is one process's; leave -n out or add -P thread"
-        )
+        return TaskFailed(f"INVALID_ARGUMENT: {_SEVERAL_PROCESSES}")
     return None
 
 
@@ -439,44 +440,43 @@ _RECORD_COMMANDS = ("forget", "ignore", "reset-dep", "clean", "info", "strace", 
 
 
 def _uses_the_case_records(argv) -> bool:
-    """Whether this doit command works on the case's dependency file whatever
-    tasks it names: ``doit forget --all case=ID`` said "forgetting all tasks"
-    and forgot nothing (found by session 23's review), as it ran on records
-    kept in memory."""
-    command, rest = _doit_command(argv)
-    if command in _RECORD_COMMANDS:
+    """Whether this doit command line works on the case's dependency file
+    (and so takes the case lock): a run naming a build task, and doit's
+    record commands whatever tasks they name (``doit forget --all case=ID``
+    said "forgetting all tasks" and forgot nothing, as it ran on records
+    kept in memory; found by session 23's review). Not ``help``, nor a
+    ``list`` without ``--status`` (``doit help build case=ID`` waited for a
+    running build's lock)."""
+    first, rest = _doit_command(argv)
+    if first in _RECORD_COMMANDS:
         return True
-    return command == "list" and any(
-        arg == "--status" or (arg.startswith("-") and not arg.startswith("--") and "s" in arg) for arg in rest
-    )
+    if first == "list":
+        return any(arg == "--status" or (arg.startswith("-") and not arg.startswith("--") and "s" in arg) for arg in rest)
+    if first in ("help", "tabcompletion", "dumpdb"):
+        return False
+    # A run: explicit (``doit run build``), or implied, where the first is a
+    # task's name or an option (``doit -n 2 -P thread build``: an option's
+    # value counts as a name here, never a build task's).
+    names = rest if first == "run" else [first, *rest] if first is not None else rest
+    return any(name.split(":", 1)[0] in BUILD_TASKS for name in names if name[:1] != "-")
 
 
 def _doit_command(argv) -> tuple[str | None, list[str]]:
-    """The doit command named on the command line and the arguments after
-    it, as doit finds it: past its loader's options (``-f FILE``, ``-d DIR``,
-    ``-k``), which may come first, and the ``name=value`` variables."""
-    args = [arg for arg in argv[1:] if "=" not in arg or arg.startswith("-")]
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if arg in ("-f", "--file", "-d", "--dir"):
-            index += 2
-        elif arg.startswith(("--file=", "--dir=")) or (arg[:2] in ("-f", "-d") and len(arg) > 2) or arg in ("-k", "--seek-file"):
-            index += 1
-        else:
-            break
-    if index < len(args) and not args[index].startswith("-"):
-        return args[index], args[index + 1:]
-    return None, args[index:]
+    """The first of doit's arguments once it has taken its loader's leading
+    options (``-f FILE``, ``-d DIR``, ``-k``; getopt, up to the first
+    argument that is none) and the ``name=value`` variables, as doit finds
+    its command there; and the arguments after it. (Not necessarily a
+    command: ``doit build`` runs the task build.)"""
+    import getopt
 
-
-def _requested_tasks(argv) -> list[str]:
-    names = []
-    for arg in argv[1:]:
-        if arg.startswith("-") or "=" in arg:
-            continue
-        names.append(arg.split(":", 1)[0])
-    return names
+    try:
+        _options, args = getopt.getopt(list(argv[1:]), "f:d:k", ["file=", "dir=", "seek-file"])
+    except getopt.GetoptError:
+        args = list(argv[1:])  # doit then takes no loader option either
+    args = [arg for arg in args if arg[:1] == "-" or "=" not in arg]
+    if args and args[0][:1] != "-":
+        return args[0], args[1:]
+    return None, args
 
 
 def say_when_waiting_for_a_case_lock() -> None:
@@ -588,8 +588,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         "default_tasks": [],
         "verbosity": 1,
     }
-    requested = _requested_tasks(argv)
-    wants_build = any(name in BUILD_TASKS for name in requested) or _uses_the_case_records(argv)
+    wants_build = _uses_the_case_records(argv)
     if not case_var:
         return config
     try:
@@ -601,7 +600,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         # Build steps can run all the same: doit runs the task of a target
         # named on its command line (``doit <ws>/.cache/ID/out/case.json``).
         # Such a step takes the case lock then (:func:`lock_if_not_held_by_the_run`).
-        _RUN_WITHOUT_ITS_LOCK = (str(ws.root), case_id)
+        _RUN_WITHOUT_ITS_LOCK = (str(ws.root), case_id, os.getpid())
         return config
     if not ws.store_path.exists() or not ws.case_dir(case_id).is_dir():
         # Unknown case: the action reports UNKNOWN_CASE, nothing is created;
@@ -646,9 +645,9 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
 
 
 _STARTED_BEFORE_ITS_CASE: tuple[str, str] | None = None
-#: (workspace, case) of a doit run that names no build task, so took no case
-#: lock before doit started (:func:`doit_config`).
-_RUN_WITHOUT_ITS_LOCK: tuple[str, str] | None = None
+#: (workspace, case, pid) of a doit run that names no build task, so took no
+#: case lock before doit started (:func:`doit_config`), in process ``pid``.
+_RUN_WITHOUT_ITS_LOCK: tuple[str, str, int] | None = None
 #: (always-execute, the task names selected) of the doit ``run`` under way in
 #: this context, set by :func:`_note_what_each_run_selects`; None outside one.
 _RUN_SELECTION: contextvars.ContextVar[tuple[bool, tuple[str, ...]] | None] = contextvars.ContextVar(
@@ -775,9 +774,13 @@ def lock_if_not_held_by_the_run(ws, case_id: str) -> None:
     store, are behind it in every build (found by session 23's review: those
     steps ran beside a whole build's). Inside a doit run only: a later
     CaseBuilder.build in this process takes the lock for its own call."""
-    if _RUN_WITHOUT_ITS_LOCK == (str(ws.root), case_id) and _RUN_SELECTION.get() is not None:
+    if _RUN_WITHOUT_ITS_LOCK is not None and _RUN_WITHOUT_ITS_LOCK[:2] == (str(ws.root), case_id) and _RUN_SELECTION.get() is not None:
         from .build import hold_case_lock
 
+        if _RUN_WITHOUT_ITS_LOCK[2] != os.getpid():
+            # A process worker (-n N): it cannot share the lock the first one
+            # would take, and would wait for it in vain (60 s, LOCK_TIMEOUT).
+            raise CaseBuildError("INVALID_ARGUMENT", _SEVERAL_PROCESSES)
         hold_case_lock(ws, case_id)
         os.environ[_LOCKED_BY_ENV] = str(os.getpid())
     else:

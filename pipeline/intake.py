@@ -1425,7 +1425,7 @@ def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progres
         source = os.fspath(source)
     if not isinstance(source, str) or not source.strip():
         raise AdmissionError("INVALID_ARGUMENT", f"source is a str or os.PathLike path, not {type(source).__name__}"
-                             if not isinstance(source, str) else "source is empty")
+                             if not isinstance(source, str) else "source is empty or blank")
     if progress is None:
         progress = StderrProgress()
     refuse_source_holding(source, ws.root)

@@ -187,7 +187,7 @@ class Workspace(FrozenRecord):
         if not isinstance(root, str):
             raise VianoError("INVALID_ARGUMENT", f"a workspace is a str or os.PathLike path, not {type(root).__name__}")
         if root.strip() == "":
-            raise VianoError("INVALID_ARGUMENT", "the workspace path is empty")
+            raise VianoError("INVALID_ARGUMENT", "the workspace path is empty or blank")
         object.__setattr__(self, "root", Path(os.path.abspath(root)))
 
     @classmethod

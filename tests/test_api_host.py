@@ -213,3 +213,24 @@ def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_be
         assert sorted(p.name for p in (root / "ws").iterdir()) == before  # nothing made by the reader
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_no_memoised_attribute_holds_a_lock_a_fork_could_keep():
+    """Python 3.11's functools.cached_property holds one lock per property,
+    shared by every instance, while it computes: a fork while another thread
+    was inside BuildCache._code left the child's next build waiting for ever."""
+    import functools
+    import importlib
+    import inspect
+    import pkgutil
+
+    import pipeline
+
+    found = []
+    for module_info in pkgutil.iter_modules(pipeline.__path__):
+        module = importlib.import_module(f"pipeline.{module_info.name}")
+        for _name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__:
+                found += [f"{cls.__name__}.{attr}" for attr, value in vars(cls).items()
+                          if isinstance(value, functools.cached_property)]
+    assert found == []

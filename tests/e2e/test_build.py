@@ -1229,3 +1229,21 @@ def test_what_the_builder_makes_follows_the_umask_so_a_group_can_share_a_workspa
         assert mode & 0o020, (path, oct(mode))  # group-writable
     # Published content is never rewritten: written once, read by all.
     assert stat_module.S_IMODE((package / "content" / "case" / "revisions" / "0001" / "case.json").stat().st_mode) & 0o444 == 0o444
+
+
+def test_a_named_target_with_process_workers_is_refused_at_once(tmp_path, admitted):
+    """Session 23's re-review: each process worker took the case lock for
+    itself, so the others waited 60 s for it and ended in LOCK_TIMEOUT."""
+    ws = admitted
+    target = ws / ".cache" / "c1" / "out" / "case.json"
+    run = kit.doit("-n", "3", str(target), "case=c1", workspace=ws, timeout=45)
+    assert run.returncode != 0 and "LOCK_TIMEOUT" not in run.stderr, run.stderr
+    assert "INVALID_ARGUMENT: build steps cannot run in several processes (-n with process workers)" in run.stderr, run.stderr
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+
+
+def test_the_build_task_alone_on_a_case_never_built_says_to_build_it(admitted):
+    alone = kit.doit("-s", "build", "case=c1", workspace=admitted)
+    assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
+        "NOT_BUILT: case c1 has no plan yet: the steps did not run (`doit -s build` runs only the report): "
+        "run `doit build case=c1`"), alone.stderr
