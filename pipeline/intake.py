@@ -1509,7 +1509,7 @@ def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, man
             try:
                 os.rename(case_tree, target)
             except OSError as exc:
-                raise _io_error("publishing the admitted case", exc, case_id) from None
+                raise _io_error("publishing the admitted case", exc, f"cases/{case_id}") from None
             try:
                 _fsync_path(ws.cases_dir, directory=True)
                 _fsync_path(staging.path, directory=True)
@@ -1520,7 +1520,7 @@ def _commit(ws: Workspace, case_id: str, staging: _Staging, case_tree: Path, man
                     os.rename(target, case_tree)
                 except OSError:
                     pass  # left with its marker: the next admission of the id clears it
-                raise _io_error("publishing the admitted case", exc, case_id) from None
+                raise _io_error("publishing the admitted case", exc, f"cases/{case_id}") from None
             crashpoint("admit:after-rename")
             try:
                 store.admit(case_id, manifest["package_id"], manifest["analysis_revision"], generation=1,
