@@ -436,7 +436,7 @@ def refuse_other_processes(module_name: str) -> TaskFailed | None:
 
 #: doit's commands that read or change its records of tasks (not ``run``,
 #: which does so for the build tasks it names; ``list`` with ``--status``).
-_RECORD_COMMANDS = ("forget", "ignore", "reset-dep", "clean", "info", "strace", "dumpdb")
+_RECORD_COMMANDS = ("forget", "ignore", "reset-dep", "clean", "info", "strace")
 
 
 def _uses_the_case_records(argv) -> bool:
@@ -451,7 +451,9 @@ def _uses_the_case_records(argv) -> bool:
     if first in _RECORD_COMMANDS:
         return True
     if first == "list":
-        return any(arg == "--status" or (arg.startswith("-") and not arg.startswith("--") and "s" in arg) for arg in rest)
+        # --status, or a prefix of it getopt takes (--st...), or -s among short flags
+        return any((len(arg) >= 4 and "--status".startswith(arg)) or (arg.startswith("-") and not arg.startswith("--") and "s" in arg)
+                   for arg in rest)
     if first in ("help", "tabcompletion", "dumpdb"):
         return False
     # A run: explicit (``doit run build``), or implied, where the first is a

@@ -45,7 +45,7 @@ from typing import Any, Iterable
 from . import BUILDER_VERSION
 from .errors import IntegrityError, LifecycleError, VianoError, coded_io_error
 from .frozen import FrozenRecord
-from .workspace import ADMISSION_MARKER, Workspace, refuse_symlinks, validate_id
+from .workspace import ADMISSION_MARKER, Workspace, refuse_symlinks, validate_id, whose
 
 __all__ = [
     "STATES",
@@ -227,7 +227,8 @@ def _header_says_unwritable(store: "os.PathLike[str]") -> bool:
 
 def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, tuple[str, str] | None]:
     """A read-only connection, and, where it was opened as immutable while a
-    writer may be at work (a full disk, a folder this user may not write),
+    writer may be at work (a full disk, a store or folder this user may not
+    write),
     why and what to do about a read that looks damaged. A WAL database needs its shared-memory file, which a
     read-only filesystem cannot give when the last writer closed cleanly (and
     removed it), nor a full one when a writer left it short (SQLite's "disk
@@ -240,46 +241,63 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, t
     another mount of the same files; what it merges meanwhile an immutable
     read may miss too: status there is a snapshot.)"""
     uri = path.absolute().as_uri()
-    conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
-    try:
-        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-        return conn, None
-    except sqlite3.OperationalError as exc:
-        conn.close()
-        error_name = getattr(exc, "sqlite_errorname", "")
-        if error_name == "SQLITE_READONLY_ROLLBACK":
-            # A hot rollback journal: a writer died inside a transaction, and
-            # only a writer may roll it back. The store writes that journal only
-            # while it is created (switching to WAL, before any table exists);
-            # if the file is still that one page, it holds no case yet, and the
-            # next admission rolls the switch back and creates it anew.
-            if _at_most_one_page(path):
-                raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
-            raise LifecycleError(
-                "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
-                "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
-            ) from None
-        read_only = error_name == "SQLITE_CANTOPEN" and on_read_only_filesystem(path.parent)
-        full = not read_only and out_of_space(path.parent) and (
-            error_name.startswith("SQLITE_IOERR") or error_name in ("SQLITE_CANTOPEN", "SQLITE_FULL"))
-        # A user who may read the workspace but not write its folder (another
-        # user's, or a group's with read access only) cannot make the
-        # shared-memory file either: SQLite's "attempt to write a readonly
-        # database" for a command that only reads (session 23's review).
-        no_access = not (read_only or full) and error_name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and not os.access(
-            path.parent, os.W_OK)
-        if not (read_only or full or no_access):
-            raise
+    if (not os.path.exists(f"{path}-shm") and not os.access(path, os.W_OK) and os.access(path, os.R_OK)
+            and not on_read_only_filesystem(path.parent)):
+        # A normal read would make the -wal and -shm files, as this user with
+        # the store's mode, and could not remove them: the store's owner could
+        # then write it no more (session 23's re-review). Read without them.
+        no_access, read_only, full = True, False, False
+    else:
+        conn = sqlite3.connect(f"{uri}?mode=ro", timeout=busy_timeout, isolation_level=None, uri=True)
+        no_access = None
+    if no_access is None:
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            return conn, None
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            no_access, read_only, full = _why_no_normal_read(exc, path)
     if _wal_holds_changes(path):
         where = ("sits on a full filesystem (no space or no inodes left)" if full else "sits on a read-only filesystem" if read_only
-                 else "is in a folder this user may not write")
+                 else "this user may not write it or its folder")
         raise LifecycleError(
             "IO_ERROR", f"the checkpoint store has changes not yet merged from its write-ahead log and {where}, "
             "where they cannot be read", path=path.name,
         )
     unsure = (("the disk is full", "free some space and run it again") if full
-              else ("this user may not write its folder", "run it again") if no_access else None)
+              else ("this user may not write it or its folder", "run it again") if no_access else None)
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True), unsure
+
+
+def _why_no_normal_read(exc: sqlite3.OperationalError, path) -> tuple[bool, bool, bool]:
+    """Why the normal read-only open failed, as (no access, read-only
+    filesystem, full disk), where an immutable read may stand in for it;
+    anything else is raised (a hot journal as its own coded error)."""
+    error_name = getattr(exc, "sqlite_errorname", "")
+    if error_name == "SQLITE_READONLY_ROLLBACK":
+        # A hot rollback journal: a writer died inside a transaction, and
+        # only a writer may roll it back. The store writes that journal only
+        # while it is created (switching to WAL, before any table exists);
+        # if the file is still that one page, it holds no case yet, and the
+        # next admission rolls the switch back and creates it anew.
+        if _at_most_one_page(path):
+            raise LifecycleError("UNKNOWN_CASE", "the workspace's checkpoint store holds no case yet (its creation was interrupted)") from None
+        raise LifecycleError(
+            "IO_ERROR", "the checkpoint store holds a transaction a killed writer left, which only a writing "
+            "command (admit, append, build, reopen) on a writable mount can roll back", path=path.name,
+        ) from None
+    read_only = error_name == "SQLITE_CANTOPEN" and on_read_only_filesystem(path.parent)
+    full = not read_only and out_of_space(path.parent) and (
+        error_name.startswith("SQLITE_IOERR") or error_name in ("SQLITE_CANTOPEN", "SQLITE_FULL"))
+    # A user who may read the workspace but not write its folder (another
+    # user's, or a group's with read access only) cannot make the
+    # shared-memory file either: SQLite's "attempt to write a readonly
+    # database" for a command that only reads (session 23's review).
+    no_access = not (read_only or full) and error_name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and not os.access(
+        path.parent, os.W_OK)
+    if not (read_only or full or no_access):
+        raise exc
+    return no_access, read_only, full
 
 
 def _not_writable_here(path) -> str | None:
@@ -293,14 +311,8 @@ def _not_writable_here(path) -> str | None:
         except OSError:
             return None  # SQLite says what is wrong
         if not os.access(part, os.W_OK):
-            try:
-                import pwd
-
-                owner = pwd.getpwuid(st.st_uid).pw_name
-            except (ImportError, KeyError):
-                owner = f"uid {st.st_uid}"
             what = "its folder" if part == path.parent else part.name
-            return f"{what} belongs to {owner} (mode {stat.S_IMODE(st.st_mode):o}); a workspace shared by several users needs a common group, setgid folders and umask 002 from its start"
+            return f"{what} {whose(st)}"
     return None
 
 

@@ -26,6 +26,12 @@ import unicodedata
 from pathlib import Path
 from typing import Iterator
 
+try:  # imported with the module: a process that has since switched users may read no module files
+    import grp
+    import pwd
+except ImportError:  # pragma: no cover - not a Unix
+    grp = pwd = None
+
 from .errors import CaseBuildError, LifecycleError, VianoError
 from .frozen import FrozenRecord
 
@@ -302,6 +308,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_held_in_child)
 
 
+def whose(st: os.stat_result) -> str:
+    """'belongs to OWNER and group GROUP (mode M); ...': why this user may not
+    write a file of a workspace another user made, and what would let it."""
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+        group = grp.getgrgid(st.st_gid).gr_name
+    except (AttributeError, KeyError):
+        owner, group = f"uid {st.st_uid}", f"gid {st.st_gid}"
+    mode = stat.S_IMODE(st.st_mode)
+    text = f"belongs to {owner} and group {group} (mode {mode:o}); "
+    if mode & stat.S_IWGRP and st.st_gid != os.getegid() and st.st_gid not in os.getgroups():
+        return text + f"this user is not in group {group}"
+    return text + "a workspace shared by several users needs a common group, setgid folders and umask 002 from its start"
+
+
 def _lock_key(workspace: Workspace, case_id: str) -> tuple[str, str]:
     # Resolved, so two spellings of one workspace (a symlink, a relative
     # path) share one record instead of deadlocking on each other.
@@ -400,7 +421,12 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
     path.parent.mkdir(parents=True, exist_ok=True)
     # 0666 less the umask: another user of a workspace shared through a group
     # takes the same lock file.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
+    except PermissionError:
+        held = os.stat(path if path.exists() else path.parent)
+        what = f".locks/{path.name}" if path.exists() else ".locks"
+        raise LifecycleError("IO_ERROR", f"this user may not take case {case_id}'s lock: {what} {whose(held)}", path=f".locks/{path.name}") from None
     owned = False  # True once the record owns fd (it is then closed by the last holder)
     try:
         started = time.monotonic()

@@ -170,6 +170,7 @@ def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_be
 
     import pipeline.commands
     from pipeline.commands import cmd_export
+    from pipeline.workspace import case_lock
 
     nobody = pwd.getpwnam("nobody")
     root = Path(tempfile.mkdtemp(prefix="viano-readers-"))  # not under pytest's private folder
@@ -200,15 +201,22 @@ def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_be
                 seen.append(str(error))
             cmd_export(case="c1", dest=str(out / "export"), workspace=str(ws.root))
             seen.append(",".join(sorted(p.name for p in (out / "export").iterdir())))
+            try:
+                with case_lock(ws, "c1", timeout=1):
+                    pass
+            except LifecycleError as error:
+                seen.append(str(error))
             return " | ".join(seen)
 
         assert pipeline.commands  # imported before the switch: no module can be read after it
         outcome = _in_a_child(as_nobody)
         assert outcome.split(" | ") == [
             "BUILDING_CASE",  # with its case confirmed
-            "IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root (mode 755); a workspace shared "
+            "IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root (mode 755); a workspace shared "
             "by several users needs a common group, setgid folders and umask 002 from its start (checkpoints.sqlite3)",
             "case.json,case_summary.md,manifest.json",
+            "IO_ERROR: this user may not take case c1's lock: .locks/c1.lock belongs to root and group root (mode 644); a "
+            "workspace shared by several users needs a common group, setgid folders and umask 002 from its start (.locks/c1.lock)",
         ], outcome
         assert sorted(p.name for p in (root / "ws").iterdir()) == before  # nothing made by the reader
     finally:
@@ -234,3 +242,53 @@ def test_no_memoised_attribute_holds_a_lock_a_fork_could_keep():
                 found += [f"{cls.__name__}.{attr}" for attr, value in vars(cls).items()
                           if isinstance(value, functools.cached_property)]
     assert found == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switches to another user: needs root")
+def test_a_reader_who_may_write_the_folder_but_not_the_store_leaves_no_file_that_locks_its_owner_out(tmp_path):
+    """Session 23's second re-review: a group member's status in a folder it
+    may write, of a store it may not, made -wal/-shm files of its own with
+    the store's mode 0644, which the store's owner could then not write."""
+    import pwd
+    import shutil
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    root = Path(tempfile.mkdtemp(prefix="viano-half-"))
+    try:
+        os.chmod(root, 0o755)
+        ws = Workspace(root / "ws")
+        previous = os.umask(0o022)
+        try:
+            admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
+        finally:
+            os.umask(previous)
+        os.chmod(root / "ws", 0o777)  # a folder this user may write; the store stays root's 0644
+
+        def as_nobody() -> str:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            store = CheckpointStore(ws, read_only=True)
+            state = store.get("c1").state
+            store.close()
+            try:
+                CheckpointStore(ws)
+            except LifecycleError as error:
+                return f"{state} | {error}"
+            return state
+
+        outcome = _in_a_child(as_nobody)
+        assert outcome == (
+            "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: checkpoints.sqlite3 belongs to root and group "
+            "root (mode 644); a workspace shared by several users needs a common group, setgid folders and umask 002 from its "
+            "start (checkpoints.sqlite3)"), outcome
+        assert sorted(p.name for p in (root / "ws").iterdir() if p.name.startswith("checkpoints")) == ["checkpoints.sqlite3"]
+        # A group's folder, this user not in the group: said so, not the setup advice.
+        os.chmod(root / "ws", 0o2775)
+        outcome = _in_a_child(as_nobody)
+        assert outcome == (
+            "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root "
+            "(mode 2775); this user is not in group root (checkpoints.sqlite3)"), outcome
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

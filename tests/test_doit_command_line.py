@@ -20,6 +20,7 @@ from pipeline.doitcli import _doit_command, _uses_the_case_records
     (["doit", "--file=a", "info", "build", "case=c1"], True),
     (["doit", "-k", "list", "-s", "case=c1"], True),
     (["doit", "list", "--status", "case=c1"], True),
+    (["doit", "list", "--stat", "case=c1"], True),  # a prefix getopt takes
     (["doit", "reset-dep", "case=c1"], True),
     (["doit", "clean", "-a", "--forget", "case=c1"], True),
     (["doit", "list", "--all", "case=c1"], False),
