@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import signal
 import threading
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def _in_a_child(body) -> str:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(read_end)
+        signal.alarm(60)  # a child that hangs ends, and the test fails instead of waiting for ever
         try:
             outcome = body()
         except BaseException as error:  # noqa: BLE001 - reported to the parent
