@@ -249,6 +249,14 @@ class OneLineReporter(ConsoleReporter):
         if task.name[0] != "_" and task.name.split(":", 1)[0] not in ("read_input", "hash_context"):
             self.write(f"-- {task.title()}\n")
 
+    def skip_ignore(self, task):
+        super().skip_ignore(task)
+        if task.name == "build":
+            # doit skips the build, with its confirmed line, when a step is
+            # ignored (`doit ignore`), and exits 0: said once, last, so that
+            # a successful-looking run does not pass for a build.
+            self._build_ignored = True
+
     def add_failure(self, task, fail):
         message = getattr(fail, "message", "") or ""
         if _CODE_LINE.match(message):
@@ -265,6 +273,9 @@ class OneLineReporter(ConsoleReporter):
         super().complete_run()
         for line in held:
             self.write(line + "\n")
+        if getattr(self, "_build_ignored", False) and not held:
+            self.write("nothing was built or published: a step is ignored (`doit ignore`); "
+                       "`doit status` names it and `doit forget TASK` clears it\n")
         if _running_doit_command_line():
             ignore_interrupts_from_now()  # everything is said; exiting by SIGINT now would contradict it
 

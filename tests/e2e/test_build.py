@@ -1247,3 +1247,18 @@ def test_the_build_task_alone_on_a_case_never_built_says_to_build_it(admitted):
     assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
         "NOT_BUILT: case c1 has no plan yet: the steps did not run (`doit -s build` runs only the report): "
         "run `doit build case=c1`"), alone.stderr
+
+
+def test_a_build_whose_step_is_ignored_says_it_published_nothing(admitted):
+    """Session 23's review: with a step marked by `doit ignore` the build
+    exited 0 with only doit's `!!` lines, no word that nothing was built."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("ignore", "validate_index", "case=c1", workspace=ws).returncode == 0
+    skipped = kit.doit("build", "case=c1", workspace=ws)
+    assert skipped.returncode == 0 and skipped.stdout == "", skipped.stdout
+    assert skipped.stderr.splitlines()[-1] == ("nothing was built or published: a step is ignored (`doit ignore`); "
+                                               "`doit status` names it and `doit forget TASK` clears it"), skipped.stderr
+    assert kit.doit("forget", "validate_index", "case=c1", workspace=ws).returncode == 0
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert "confirmed at generation 2" in again.stdout and "nothing was built" not in again.stderr, again.stderr
