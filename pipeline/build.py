@@ -1798,8 +1798,14 @@ class CaseBuilder:
                 # Before the build's start is recorded: a call refused for its
                 # argument changes nothing (it moved the case to BUILDING_CASE).
                 # An unknown case is validate_index's to name, as without one.
+                # Read through a store of this thread's own: self.store may
+                # have been made on another (the steps open their own too).
                 try:
-                    held = self.store.get(case_id).package_id
+                    looked = open_existing_store(ws, case_id, read_only=True)
+                    try:
+                        held = looked.get(case_id).package_id
+                    finally:
+                        looked.close()
                 except VianoError as error:
                     if error.code != "UNKNOWN_CASE":
                         raise

@@ -26,7 +26,7 @@ __all__ = [
 #: code -> one-line meaning. The README's error table says exactly this (a test holds them equal).
 ERROR_CODES: dict[str, str] = {
     # command line and workspace
-    "INVALID_ARGUMENT": "a command variable is missing, empty, unknown, repeated or malformed, an export destination lies in the workspace, the workspace is not a directory, a source directory holds the workspace, or a doit option the builder sets (`--backend`, `--db-file`, `--check_file_uptodate`) or process workers (`-n N` without `-P thread`) are given",
+    "INVALID_ARGUMENT": "a command variable is missing, empty, unknown, repeated or malformed, an export destination lies in the workspace, the workspace is not a directory, a source directory holds the workspace, or a doit option the builder sets (`--backend`, `--db-file`, `--check_file_uptodate`) or process workers (`-n N` without `-P thread`) are given; in the Python API, an argument of the wrong kind or value, or a `CheckpointStore` used by another thread than the one that made it",
     "UNSAFE_ID": "a case or package id does not match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
     "UNKNOWN_CASE": "no such case in the workspace",
     "CASE_EXISTS": "a case with this id was already admitted",
@@ -34,7 +34,7 @@ ERROR_CODES: dict[str, str] = {
     "SOURCE_SPECIAL_FILE": "the source, or a file of a directory source, is a symlink, device, FIFO or socket",
     "SOURCE_CHANGED": "a file of a directory source changed (size or modification time) while it was admitted or appended",
     "INSUFFICIENT_DISK": "not enough free disk space for the admission",
-    "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed",
+    "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed, or a store or case lock this user may not write is refused before anything is written",
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
     "UNSUPPORTED_ENVIRONMENT": "Python's file-system encoding is not UTF-8 (a non-UTF-8 locale, or PYTHONUTF8=0 under the C locale): file names could not be kept as packages name them",
     # archive admission (RELIABILITY.md 1-17)

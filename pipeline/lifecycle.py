@@ -195,6 +195,12 @@ def _db_error(exc: sqlite3.Error, what: str, store: "os.PathLike[str]") -> Viano
         )
     if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
         return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}{path_too_long_for_sqlite(store)}", path=path)
+    if isinstance(exc, sqlite3.ProgrammingError) and "thread" in str(exc):
+        # sqlite3's own check, not damage: one store object is one connection,
+        # for the thread that made it (a host's CaseBuilder on a worker thread
+        # with a store made on the main one was told the store was corrupt).
+        return LifecycleError("INVALID_ARGUMENT", f"a CheckpointStore is used only by the thread that made it ({what}): make one "
+                                                  "in each thread", path=path)
     return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}", path=path)
 
 

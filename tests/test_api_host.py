@@ -294,3 +294,28 @@ def test_a_reader_who_may_write_the_folder_but_not_the_store_leaves_no_file_that
             "(mode 2775); this user is not in group root (checkpoints.sqlite3)"), outcome
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_builder_given_a_store_made_on_another_thread_builds_with_a_package_id(admitted):
+    """The docs audit: the package-id check read through the caller's store,
+    whose connection belongs to the thread that made it, so a build on a
+    worker thread failed (INTEGRITY_ERROR, 'corrupt or not ours')."""
+    store = CheckpointStore(admitted)
+    package_id = store.get("c1").package_id
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(CaseBuilder(store, progress=_quiet).build("c1", package_id)["status"]))
+    worker.start()
+    worker.join()
+    assert outcome == ["published"]
+    # A store used on another thread than its own is said to be that, not damage.
+    def misuse() -> None:
+        try:
+            store.get("c1")
+        except LifecycleError as error:
+            outcome.append(error.code)
+
+    worker = threading.Thread(target=misuse)
+    worker.start()
+    worker.join()
+    assert outcome == ["published", "INVALID_ARGUMENT"]
+    store.close()
