@@ -251,11 +251,11 @@ class OneLineReporter(ConsoleReporter):
 
     def skip_ignore(self, task):
         super().skip_ignore(task)
-        if task.name == "build":
-            # doit skips the build, with its confirmed line, when a step is
-            # ignored (`doit ignore`), and exits 0: said once, last, so that
-            # a successful-looking run does not pass for a build.
-            self._build_ignored = True
+        if task.name in ("publish", "build"):
+            # doit skips publish, and the build's confirmed line, when a step
+            # is ignored (`doit ignore`), and exits 0: said once, last, so
+            # that a successful-looking run does not pass for a build.
+            self._ignored_ends = getattr(self, "_ignored_ends", set()) | {task.name}
 
     def add_failure(self, task, fail):
         message = getattr(fail, "message", "") or ""
@@ -273,9 +273,13 @@ class OneLineReporter(ConsoleReporter):
         super().complete_run()
         for line in held:
             self.write(line + "\n")
-        if getattr(self, "_build_ignored", False) and not held:
-            self.write("nothing was built or published: a step is ignored (`doit ignore`); "
+        ignored_ends = getattr(self, "_ignored_ends", set())
+        if "publish" in ignored_ends and not held:
+            self.write("nothing was published: a step is ignored (`doit ignore`); "
                        "`doit status` names it and `doit forget TASK` clears it\n")
+        elif "build" in ignored_ends and not held:
+            self.write("the build's report is ignored (`doit ignore build`): `doit status` says what is confirmed, "
+                       "`doit forget build` clears it\n")
         if _running_doit_command_line():
             ignore_interrupts_from_now()  # everything is said; exiting by SIGINT now would contradict it
 

@@ -1257,8 +1257,14 @@ def test_a_build_whose_step_is_ignored_says_it_published_nothing(admitted):
     assert kit.doit("ignore", "validate_index", "case=c1", workspace=ws).returncode == 0
     skipped = kit.doit("build", "case=c1", workspace=ws)
     assert skipped.returncode == 0 and skipped.stdout == "", skipped.stdout
-    assert skipped.stderr.splitlines()[-1] == ("nothing was built or published: a step is ignored (`doit ignore`); "
+    assert skipped.stderr.splitlines()[-1] == ("nothing was published: a step is ignored (`doit ignore`); "
                                                "`doit status` names it and `doit forget TASK` clears it"), skipped.stderr
     assert kit.doit("forget", "validate_index", "case=c1", workspace=ws).returncode == 0
     again = kit.doit("build", "case=c1", workspace=ws)
-    assert "confirmed at generation 2" in again.stdout and "nothing was built" not in again.stderr, again.stderr
+    assert "confirmed at generation 2" in again.stdout and "nothing was published" not in again.stderr, again.stderr
+    # The report alone ignored: the steps run (and may publish); only the line is not said.
+    assert kit.doit("ignore", "build", "case=c1", workspace=ws).returncode == 0
+    report_ignored = kit.doit("build", "case=c1", workspace=ws)
+    assert report_ignored.returncode == 0 and report_ignored.stdout == "", report_ignored.stdout
+    assert report_ignored.stderr.splitlines()[-1] == (
+        "the build's report is ignored (`doit ignore build`): `doit status` says what is confirmed, `doit forget build` clears it")
