@@ -195,12 +195,13 @@ def _db_error(exc: sqlite3.Error, what: str, store: "os.PathLike[str]") -> Viano
         )
     if name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN", "SQLITE_READONLY")):
         return LifecycleError("IO_ERROR", f"checkpoint store I/O failure while {what}: {exc}{path_too_long_for_sqlite(store)}", path=path)
-    if isinstance(exc, sqlite3.ProgrammingError) and "thread" in str(exc):
-        # sqlite3's own check, not damage: one store object is one connection,
-        # for the thread that made it (a host's CaseBuilder on a worker thread
-        # with a store made on the main one was told the store was corrupt).
-        return LifecycleError("INVALID_ARGUMENT", f"a CheckpointStore is used only by the thread that made it ({what}): make one "
-                                                  "in each thread", path=path)
+    if isinstance(exc, sqlite3.ProgrammingError) and ("same thread" in str(exc) or "closed database" in str(exc)):
+        # sqlite3's own checks, not damage: one store object is one connection,
+        # for the thread that made it, until it is closed (a host's
+        # CaseBuilder on a worker thread with a store made on the main one
+        # was told the store was corrupt).
+        return LifecycleError("INVALID_ARGUMENT", f"a CheckpointStore is used only by the thread that made it, and not "
+                                                  f"after close() ({what}): make one in each thread", path=path)
     return IntegrityError("INTEGRITY_ERROR", f"checkpoint store is corrupt or not ours ({what}): {exc}", path=path)
 
 
@@ -247,8 +248,10 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, t
     another mount of the same files; what it merges meanwhile an immutable
     read may miss too: status there is a snapshot.)"""
     uri = path.absolute().as_uri()
-    if (not os.path.exists(f"{path}-shm") and not os.access(path, os.W_OK) and os.access(path, os.R_OK)
-            and not on_read_only_filesystem(path.parent)):
+    if (not os.path.exists(f"{path}-shm") and not os.path.exists(f"{path}-journal") and not os.access(path, os.W_OK)
+            and os.access(path, os.R_OK) and not on_read_only_filesystem(path.parent)):
+        # (A journal beside it is a killed writer's transaction: the normal
+        # read names it, below.)
         # A normal read would make the -wal and -shm files, as this user with
         # the store's mode, and could not remove them: the store's owner could
         # then write it no more (session 23's re-review). Read without them.
@@ -549,7 +552,10 @@ class CheckpointStore:
 
     def close(self) -> None:
         """Close the connection (the last close also checkpoints the WAL into the database)."""
-        self._conn.close()
+        try:
+            self._conn.close()
+        except sqlite3.ProgrammingError as exc:
+            raise _db_error(exc, "closing", self.workspace.store_path) from None
 
     def __enter__(self) -> "CheckpointStore":
         return self

@@ -418,14 +418,15 @@ def case_lock(workspace: Workspace, case_id: str, timeout: float = 30.0) -> Iter
 
     path = workspace.lock_path(case_id)
     refuse_symlinks(workspace, f".locks/{path.name}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     # 0666 less the umask: another user of a workspace shared through a group
     # takes the same lock file.
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
     except PermissionError:
-        held = os.stat(path if path.exists() else path.parent)
-        what = f".locks/{path.name}" if path.exists() else ".locks"
+        where = path if path.exists() else path.parent if path.parent.exists() else workspace.root
+        held = os.stat(where)
+        what = f".locks/{path.name}" if where == path else ".locks" if where == path.parent else "the workspace folder"
         raise LifecycleError("IO_ERROR", f"this user may not take case {case_id}'s lock: {what} {whose(held)}", path=f".locks/{path.name}") from None
     owned = False  # True once the record owns fd (it is then closed by the last holder)
     try:

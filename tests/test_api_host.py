@@ -319,3 +319,65 @@ def test_a_builder_given_a_store_made_on_another_thread_builds_with_a_package_id
     worker.join()
     assert outcome == ["published", "INVALID_ARGUMENT"]
     store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switches to another user: needs root")
+def test_a_reader_who_may_not_write_the_store_is_still_told_of_a_killed_writers_journal(tmp_path):
+    """Session 23's third re-review: the read without shared memory for a
+    user who may not write the store skipped SQLite's look at a hot journal
+    (an immutable read ignores it), so such a user saw a full status where
+    root got the coded refusal."""
+    import pwd
+    import shutil
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody")
+    root = Path(tempfile.mkdtemp(prefix="viano-journal-"))
+    try:
+        os.chmod(root, 0o755)
+        ws = Workspace(root / "ws")
+        previous = os.umask(0o022)
+        try:
+            admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
+        finally:
+            os.umask(previous)
+        store = root / "ws" / "checkpoints.sqlite3"
+        header = (bytes.fromhex("d9d505f920a163d7") + (0).to_bytes(4, "big") + (0x16C32D62).to_bytes(4, "big")
+                  + (store.stat().st_size // 4096).to_bytes(4, "big") + (512).to_bytes(4, "big") + (4096).to_bytes(4, "big"))
+        (root / "ws" / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
+        os.chmod(root / "ws" / "checkpoints.sqlite3-journal", 0o644)
+
+        def as_nobody() -> str:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            try:
+                CheckpointStore(ws, read_only=True).close()
+            except LifecycleError as error:
+                return str(error)
+            return "read"
+
+        outcome = _in_a_child(as_nobody)
+        assert outcome.startswith("IO_ERROR: the checkpoint store holds a transaction a killed writer left"), outcome
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_store_used_after_close_or_closed_by_another_thread_is_a_coded_refusal(admitted):
+    store = CheckpointStore(admitted)
+    codes = []
+
+    def close_elsewhere() -> None:
+        try:
+            store.close()
+        except LifecycleError as error:
+            codes.append(error.code)
+
+    worker = threading.Thread(target=close_elsewhere)
+    worker.start()
+    worker.join()
+    store.close()
+    with pytest.raises(LifecycleError) as used:
+        store.get("c1")
+    assert codes == ["INVALID_ARGUMENT"] and used.value.code == "INVALID_ARGUMENT", (codes, used.value)
+    assert "not after close()" in used.value.message
