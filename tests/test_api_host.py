@@ -159,70 +159,94 @@ def test_a_limit_the_caller_gave_is_named_as_the_callers_not_limits_json(admitte
     assert CaseBuilder(CheckpointStore(admitted), progress=_quiet).build("c1")["status"] == "published"
 
 
+@pytest.fixture
+def readable_admitted():
+    """(folder, workspace): case c1 admitted by root under umask 022, in a
+    folder outside pytest's private one, so that another user may reach it."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="viano-others-"))
+    try:
+        os.chmod(root, 0o755)
+        ws = Workspace(root / "ws")
+        previous = os.umask(0o022)
+        try:
+            admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
+        finally:
+            os.umask(previous)
+        yield root, ws
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _as_nobody(body) -> str:
+    """``body()`` in a child process switched to the user nobody (every
+    module it needs imported before: none can be read after the switch)."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+
+    def switched() -> str:
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+        return body()
+
+    return _in_a_child(switched)
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switches to another user: needs root")
-def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_before_anything_is_written(tmp_path):
+def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_before_anything_is_written(readable_admitted):
     """Session 23's review as ordinary users: status, probes and export of
     another user's workspace said "attempt to write a readonly database"
     (SQLite cannot make the shared-memory file in a folder it may not
     write), and a reopen of a store this user may not write published its
     generation before the store refused it."""
     import pwd
-    import shutil
-    import tempfile
 
-    import pipeline.commands
     from pipeline.commands import cmd_export
     from pipeline.workspace import case_lock
 
+    root, ws = readable_admitted
     nobody = pwd.getpwnam("nobody")
-    root = Path(tempfile.mkdtemp(prefix="viano-readers-"))  # not under pytest's private folder
-    try:
-        os.chmod(root, 0o755)
-        ws = Workspace(root / "ws")
-        admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
-        store = CheckpointStore(ws)
-        CaseBuilder(store, progress=_quiet).build("c1")
-        store.close()  # the last writer gone: its -wal merged, -wal and -shm removed
-        assert not (root / "ws" / "checkpoints.sqlite3-shm").exists()
-        out = root / "out"
-        out.mkdir()
-        os.chown(out, nobody.pw_uid, nobody.pw_gid)
-        before = sorted(p.name for p in (root / "ws").iterdir())
+    store = CheckpointStore(ws)
+    CaseBuilder(store, progress=_quiet).build("c1")
+    store.close()  # the last writer gone: its -wal merged, -wal and -shm removed
+    assert not (root / "ws" / "checkpoints.sqlite3-shm").exists()
+    out = root / "out"
+    out.mkdir()
+    os.chown(out, nobody.pw_uid, nobody.pw_gid)
+    before = sorted(p.name for p in (root / "ws").iterdir())
 
-        def as_nobody() -> str:
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            seen = []
-            store = CheckpointStore(ws, read_only=True)
-            seen.append(store.get("c1").state)
-            store.close()
-            try:
-                CheckpointStore(ws)
-            except LifecycleError as error:
-                seen.append(str(error))
-            cmd_export(case="c1", dest=str(out / "export"), workspace=str(ws.root))
-            seen.append(",".join(sorted(p.name for p in (out / "export").iterdir())))
-            try:
-                with case_lock(ws, "c1", timeout=1):
-                    pass
-            except LifecycleError as error:
-                seen.append(str(error))
-            return " | ".join(seen)
+    def read_export_and_write() -> str:
+        seen = []
+        reader = CheckpointStore(ws, read_only=True)
+        seen.append(reader.get("c1").state)
+        reader.close()
+        try:
+            CheckpointStore(ws)
+        except LifecycleError as error:
+            seen.append(str(error))
+        cmd_export(case="c1", dest=str(out / "export"), workspace=str(ws.root))
+        seen.append(",".join(sorted(p.name for p in (out / "export").iterdir())))
+        try:
+            with case_lock(ws, "c1", timeout=1):
+                pass
+        except LifecycleError as error:
+            seen.append(str(error))
+        return " | ".join(seen)
 
-        assert pipeline.commands  # imported before the switch: no module can be read after it
-        outcome = _in_a_child(as_nobody)
-        assert outcome.split(" | ") == [
-            "BUILDING_CASE",  # with its case confirmed
-            "IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root (mode 755); a workspace shared "
-            "by several users needs a common group, setgid folders and umask 002 from its start (checkpoints.sqlite3)",
-            "case.json,case_summary.md,manifest.json",
-            "IO_ERROR: this user may not take case c1's lock: .locks/c1.lock belongs to root and group root (mode 644); a "
-            "workspace shared by several users needs a common group, setgid folders and umask 002 from its start (.locks/c1.lock)",
-        ], outcome
-        assert sorted(p.name for p in (root / "ws").iterdir()) == before  # nothing made by the reader
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    outcome = _as_nobody(read_export_and_write)
+    assert outcome.split(" | ") == [
+        "BUILDING_CASE",  # with its case confirmed
+        "IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root (mode 755); a workspace shared "
+        "by several users needs a common group, setgid folders and umask 002 from its start (checkpoints.sqlite3)",
+        "case.json,case_summary.md,manifest.json",
+        "IO_ERROR: this user may not take case c1's lock: .locks/c1.lock belongs to root and group root (mode 644); a "
+        "workspace shared by several users needs a common group, setgid folders and umask 002 from its start (.locks/c1.lock)",
+    ], outcome
+    assert sorted(p.name for p in (root / "ws").iterdir()) == before  # nothing made by the reader
 
 
 def test_no_memoised_attribute_holds_a_lock_a_fork_could_keep():
@@ -247,53 +271,33 @@ def test_no_memoised_attribute_holds_a_lock_a_fork_could_keep():
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switches to another user: needs root")
-def test_a_reader_who_may_write_the_folder_but_not_the_store_leaves_no_file_that_locks_its_owner_out(tmp_path):
+def test_a_reader_who_may_write_the_folder_but_not_the_store_leaves_no_file_that_locks_its_owner_out(readable_admitted):
     """Session 23's second re-review: a group member's status in a folder it
     may write, of a store it may not, made -wal/-shm files of its own with
     the store's mode 0644, which the store's owner could then not write."""
-    import pwd
-    import shutil
-    import tempfile
+    root, ws = readable_admitted
+    os.chmod(root / "ws", 0o777)  # a folder this user may write; the store stays root's 0644
 
-    nobody = pwd.getpwnam("nobody")
-    root = Path(tempfile.mkdtemp(prefix="viano-half-"))
-    try:
-        os.chmod(root, 0o755)
-        ws = Workspace(root / "ws")
-        previous = os.umask(0o022)
+    def read_and_write() -> str:
+        store = CheckpointStore(ws, read_only=True)
+        state = store.get("c1").state
+        store.close()
         try:
-            admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
-        finally:
-            os.umask(previous)
-        os.chmod(root / "ws", 0o777)  # a folder this user may write; the store stays root's 0644
+            CheckpointStore(ws)
+        except LifecycleError as error:
+            return f"{state} | {error}"
+        return state
 
-        def as_nobody() -> str:
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            store = CheckpointStore(ws, read_only=True)
-            state = store.get("c1").state
-            store.close()
-            try:
-                CheckpointStore(ws)
-            except LifecycleError as error:
-                return f"{state} | {error}"
-            return state
-
-        outcome = _in_a_child(as_nobody)
-        assert outcome == (
-            "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: checkpoints.sqlite3 belongs to root and group "
-            "root (mode 644); a workspace shared by several users needs a common group, setgid folders and umask 002 from its "
-            "start (checkpoints.sqlite3)"), outcome
-        assert sorted(p.name for p in (root / "ws").iterdir() if p.name.startswith("checkpoints")) == ["checkpoints.sqlite3"]
-        # A group's folder, this user not in the group: said so, not the setup advice.
-        os.chmod(root / "ws", 0o2775)
-        outcome = _in_a_child(as_nobody)
-        assert outcome == (
-            "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root "
-            "(mode 2775); this user is not in group root (checkpoints.sqlite3)"), outcome
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    assert _as_nobody(read_and_write) == (
+        "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: checkpoints.sqlite3 belongs to root and group "
+        "root (mode 644); a workspace shared by several users needs a common group, setgid folders and umask 002 from its "
+        "start (checkpoints.sqlite3)")
+    assert sorted(p.name for p in (root / "ws").iterdir() if p.name.startswith("checkpoints")) == ["checkpoints.sqlite3"]
+    # A group's folder, this user not in the group: said so, not the setup advice.
+    os.chmod(root / "ws", 0o2775)
+    assert _as_nobody(read_and_write) == (
+        "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root "
+        "(mode 2775); this user is not in group root (checkpoints.sqlite3)")
 
 
 def test_a_builder_given_a_store_made_on_another_thread_builds_with_a_package_id(admitted):
@@ -322,45 +326,27 @@ def test_a_builder_given_a_store_made_on_another_thread_builds_with_a_package_id
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="switches to another user: needs root")
-def test_a_reader_who_may_not_write_the_store_is_still_told_of_a_killed_writers_journal(tmp_path):
+def test_a_reader_who_may_not_write_the_store_is_still_told_of_a_killed_writers_journal(readable_admitted):
     """Session 23's third re-review: the read without shared memory for a
     user who may not write the store skipped SQLite's look at a hot journal
     (an immutable read ignores it), so such a user saw a full status where
     root got the coded refusal."""
-    import pwd
-    import shutil
-    import tempfile
+    root, ws = readable_admitted
+    store = root / "ws" / "checkpoints.sqlite3"
+    header = (bytes.fromhex("d9d505f920a163d7") + (0).to_bytes(4, "big") + (0x16C32D62).to_bytes(4, "big")
+              + (store.stat().st_size // 4096).to_bytes(4, "big") + (512).to_bytes(4, "big") + (4096).to_bytes(4, "big"))
+    (root / "ws" / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
+    os.chmod(root / "ws" / "checkpoints.sqlite3-journal", 0o644)
 
-    nobody = pwd.getpwnam("nobody")
-    root = Path(tempfile.mkdtemp(prefix="viano-journal-"))
-    try:
-        os.chmod(root, 0o755)
-        ws = Workspace(root / "ws")
-        previous = os.umask(0o022)
+    def read() -> str:
         try:
-            admit(ws, "c1", FIXTURES / "sample", progress=_quiet)
-        finally:
-            os.umask(previous)
-        store = root / "ws" / "checkpoints.sqlite3"
-        header = (bytes.fromhex("d9d505f920a163d7") + (0).to_bytes(4, "big") + (0x16C32D62).to_bytes(4, "big")
-                  + (store.stat().st_size // 4096).to_bytes(4, "big") + (512).to_bytes(4, "big") + (4096).to_bytes(4, "big"))
-        (root / "ws" / "checkpoints.sqlite3-journal").write_bytes(header.ljust(512, b"\0"))
-        os.chmod(root / "ws" / "checkpoints.sqlite3-journal", 0o644)
+            CheckpointStore(ws, read_only=True).close()
+        except LifecycleError as error:
+            return str(error)
+        return "read"
 
-        def as_nobody() -> str:
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            try:
-                CheckpointStore(ws, read_only=True).close()
-            except LifecycleError as error:
-                return str(error)
-            return "read"
-
-        outcome = _in_a_child(as_nobody)
-        assert outcome.startswith("IO_ERROR: the checkpoint store holds a transaction a killed writer left"), outcome
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    outcome = _as_nobody(read)
+    assert outcome.startswith("IO_ERROR: the checkpoint store holds a transaction a killed writer left"), outcome
 
 
 def test_a_store_used_after_close_or_closed_by_another_thread_is_a_coded_refusal(admitted):
