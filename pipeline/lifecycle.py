@@ -312,16 +312,25 @@ def _why_no_normal_read(exc: sqlite3.OperationalError, path) -> tuple[bool, bool
 def _not_writable_here(path) -> str | None:
     """What of the store (its folder, the file, its -wal and -shm files)
     this process may not write, and whose it is; None if it may write all."""
+    if os.geteuid() == 0:
+        return None  # root writes all of it (a read-only filesystem is judged before)
     for part in (path.parent, path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        # Judged only on a file that stays the same file around the look:
+        # other commands' connections make and remove -wal and -shm all the
+        # while, and one gone at the look is no refusal (a writer racing
+        # another's close was refused so).
         try:
-            st = os.stat(part)
+            before = os.stat(part)
+            if os.access(part, os.W_OK):
+                continue
+            after = os.stat(part)
         except FileNotFoundError:
             continue
         except OSError:
             return None  # SQLite says what is wrong
-        if not os.access(part, os.W_OK):
+        if (before.st_dev, before.st_ino, before.st_ctime_ns) == (after.st_dev, after.st_ino, after.st_ctime_ns):
             what = "its folder" if part == path.parent else part.name
-            return f"{what} {whose(st)}"
+            return f"{what} {whose(after)}"
     return None
 
 

@@ -18,7 +18,7 @@ if sys.argv[1] == "clean":
     root, stop = Path(sys.argv[2]), Path(sys.argv[3])
     intake._pid_alive = lambda pid: False
     while not stop.exists():
-        intake._remove_stale_staging(root)
+        intake.remove_stale_staging(root)
 else:
     workspace, source, count = sys.argv[2], sys.argv[3], int(sys.argv[4])
     errors = []
