@@ -39,6 +39,7 @@ import os
 import re
 import sqlite3
 import stat
+import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
@@ -232,7 +233,7 @@ def _header_says_unwritable(store: "os.PathLike[str]") -> bool:
     return len(header) == 20 and header.startswith(b"SQLite format 3\x00") and (header[18] > 2 or header[19] > 2)
 
 
-def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, tuple[str, str] | None]:
+def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, tuple[str, str] | None, bool]:
     """A read-only connection, and, where it was opened as immutable while a
     writer may be at work (a full disk, a store or folder this user may not
     write),
@@ -246,7 +247,8 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, t
     filled, an immutable read may meet half-written pages (see
     :meth:`CheckpointStore.__init__`). (A writer may still work through
     another mount of the same files; what it merges meanwhile an immutable
-    read may miss too: status there is a snapshot.)"""
+    read may miss too: status there is a snapshot.) The last value tells
+    whether the connection is that immutable one."""
     uri = path.absolute().as_uri()
     if (not os.path.exists(f"{path}-shm") and not os.path.exists(f"{path}-journal") and not os.access(path, os.W_OK)
             and os.access(path, os.R_OK) and not on_read_only_filesystem(path.parent)):
@@ -262,7 +264,7 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, t
     if no_access is None:
         try:
             conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-            return conn, None
+            return conn, None, False
         except sqlite3.OperationalError as exc:
             conn.close()
             no_access, read_only, full = _why_no_normal_read(exc, path)
@@ -275,7 +277,7 @@ def _connect_read_only(path, busy_timeout: float) -> tuple[sqlite3.Connection, t
         )
     unsure = (("the disk is full", "free some space and run it again") if full
               else ("this user may not write it or its folder", "run it again") if no_access else None)
-    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True), unsure
+    return sqlite3.connect(f"{uri}?mode=ro&immutable=1", timeout=busy_timeout, isolation_level=None, uri=True), unsure, True
 
 
 def _why_no_normal_read(exc: sqlite3.OperationalError, path) -> tuple[bool, bool, bool]:
@@ -453,6 +455,57 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
+# The store's files as this process last left them after a connection whose
+# opening found the store sound (by PRAGMA quick_check, or by this memo). An
+# opening that finds them unchanged skips quick_check, which reads the whole
+# store: a no-op build opens it twice and status three times, and with tens of
+# thousands of cases each check cost ~0.1 s. Any change to the files (an
+# edit, a copy over them, a cut) gives them another change time, size or
+# inode, and the next opening checks again. Files changed within the last
+# seconds are not remembered: the kernel stamps times at a clock tick (and
+# some filesystems at a second or two), so a change right after the look
+# could carry the same times. A store written by the command itself is
+# therefore checked again at its next opening, as before.
+_FOUND_SOUND: dict[tuple[int, int], tuple] = {}
+_SETTLED_NS = 2_000_000_000
+
+
+def _store_files_now(path) -> tuple | None:
+    """The store's and its write-ahead log's identity, size and times."""
+    try:
+        main = os.stat(path)
+    except OSError:
+        return None
+    try:
+        log = os.stat(f"{path}-wal")
+        # Not its change time: SQLite run as root gives the log the store's
+        # owner at every opening, which stamps it. What the log holds SQLite
+        # checks itself (each frame's checksum).
+        log_now = (log.st_ino, log.st_size, log.st_mtime_ns)
+    except FileNotFoundError:
+        log_now = None
+    except OSError:
+        return None
+    return (main.st_dev, main.st_ino, main.st_size, main.st_mtime_ns, main.st_ctime_ns, log_now)
+
+
+def _unchanged_since_checked(path) -> bool:
+    now = _store_files_now(path)
+    return now is not None and _FOUND_SOUND.get(now[:2]) == now
+
+
+def _remember_checked(path) -> None:
+    files = _store_files_now(path)
+    if files is None:
+        return
+    settled_before = time.time_ns() - _SETTLED_NS
+    log = files[5]
+    if max(files[3], files[4], *(log[2:] if log else ())) < settled_before:
+        _FOUND_SOUND[files[:2]] = files
+    else:
+        _FOUND_SOUND.pop(files[:2], None)
+
+
 class CheckpointStore:
     """Transactional lifecycle store at ``workspace.store_path`` (see the module docstring).
 
@@ -516,10 +569,12 @@ class CheckpointStore:
                 "IO_ERROR", f"the workspace's filesystem is full (under {_NEARLY_FULL_BYTES >> 20} MiB or no inode left), "
                 "where the checkpoint store cannot be written", path=path.name,
             )
+        self._checked_as = None
+        unchanged_since_checked = _unchanged_since_checked(path)
         try:
-            read_unsure = None
+            read_unsure, immutable = None, False
             if read_only:
-                conn, read_unsure = _connect_read_only(path, busy_timeout)
+                conn, read_unsure, immutable = _connect_read_only(path, busy_timeout)
             else:
                 conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
@@ -537,12 +592,13 @@ class CheckpointStore:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")
                 conn.execute("PRAGMA foreign_keys = ON")
-            problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-            if problems != ["ok"]:
-                # sqlite3's own findings on one line (not a list's repr, which
-                # the printer would escape a second time).
-                found = "; ".join(" ".join(str(problem).split()) for problem in problems[:3])
-                raise self._unsure(IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {found}", path=path.name))
+            if not unchanged_since_checked:
+                problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+                if problems != ["ok"]:
+                    # sqlite3's own findings on one line (not a list's repr, which
+                    # the printer would escape a second time).
+                    found = "; ".join(" ".join(str(problem).split()) for problem in problems[:3])
+                    raise self._unsure(IntegrityError("INTEGRITY_ERROR", f"checkpoint store failed its integrity check: {found}", path=path.name))
             if read_only:
                 self._check_schema()
             else:
@@ -556,6 +612,9 @@ class CheckpointStore:
         except BaseException:
             conn.close()
             raise
+        # An immutable read sees no write-ahead log, so its check did not
+        # cover what the next normal opening reads.
+        self._checked_as = None if immutable else path
 
     # ---------------------------------------------------------------- plumbing
 
@@ -565,6 +624,9 @@ class CheckpointStore:
             self._conn.close()
         except sqlite3.ProgrammingError as exc:
             raise _db_error(exc, "closing", self.workspace.store_path) from None
+        checked, self._checked_as = self._checked_as, None
+        if checked is not None:
+            _remember_checked(checked)
 
     def __enter__(self) -> "CheckpointStore":
         return self
