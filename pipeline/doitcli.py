@@ -583,6 +583,8 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     global _STARTED_BEFORE_ITS_CASE, _RUN_WITHOUT_ITS_LOCK, _command_line_stdout
     _STARTED_BEFORE_ITS_CASE = _RUN_WITHOUT_ITS_LOCK = None
     _command_line_stdout = sys.stdout if _running_doit_command_line() else None
+    if _command_line_stdout is not None:
+        _escape_what_stdout_cannot_encode(_command_line_stdout)
     os.environ.pop(_LOCKED_BY_ENV, None)
     report_interrupts_on_one_line()
     say_when_waiting_for_a_case_lock()
@@ -743,6 +745,17 @@ def _guard_doits_own_commands() -> None:
         functools.update_wrapper(guarded_execute, execute)
         guarded_execute.viano_guarded = True
         command._execute = guarded_execute
+
+
+def _escape_what_stdout_cannot_encode(stream) -> None:
+    """Under an ASCII or Latin-1 standard output (``PYTHONIOENCODING``, a
+    CI runner's locale), a path or file name the command printed raised
+    UnicodeEncodeError after the work was done: status and export failed
+    with doit's traceback (session 24's CI review). Written escaped instead,
+    as Python writes standard error."""
+    if getattr(stream, "errors", None) == "strict":
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _quiet_from_now_on() -> None:

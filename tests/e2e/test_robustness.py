@@ -457,3 +457,30 @@ def test_status_after_a_summary_refused_for_its_size_renders_no_more_than_the_ca
     assert status.returncode == 0, status.stderr
     assert "  render: would run: " in status.stdout, status.stdout
     assert peak_kib < 150 * 1024
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_standard_output_that_cannot_encode_a_name_gets_it_escaped(tmp_path, encoding):
+    """Under PYTHONIOENCODING=ascii (or latin-1, as some CI runners have) a
+    non-ASCII workspace path or file name in status or export output was a
+    UnicodeEncodeError traceback with exit 2, after export had written
+    everything (session 24's CI review). Escaped as on standard error."""
+    source = kit.make_package(
+        tmp_path / "pkg",
+        files={"original/report.json": kit.report("t", observations=[{"text": "seen"}]), "original/logs/café ✓.log": "x\n"},
+        index=kit.index(reports=["original/report.json"], runtime=["original/logs/café ✓.log"]),
+    )
+    ws = tmp_path / "wörk ✓"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    for command in (["build", "case=c1"], ["status", "case=c1"], ["export", "case=c1", f"dest={tmp_path / 'öut'}"],
+                    ["probes", "case=c1"]):
+        result = subprocess.run(
+            ["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), *command, f"workspace={ws}"],
+            capture_output=True, env=doit_env(PYTHONIOENCODING=encoding), timeout=120,
+        )
+        stdout, stderr = result.stdout.decode(encoding), result.stderr.decode(encoding)
+        assert result.returncode == 0, (command, stdout, stderr)
+        assert "Traceback" not in stderr and "UnicodeEncodeError" not in stderr, stderr
+        if command[0] == "status":
+            assert "caf\\xe9 \\u2713.log" in stdout or "café \\u2713.log" in stdout, stdout
+    assert {"case.json", "case_summary.md"} <= {p.name for p in (tmp_path / "öut").iterdir()}
