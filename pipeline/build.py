@@ -1711,19 +1711,18 @@ def report_build(workspace_root, case_id) -> None:
             raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
         published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
     _refuse_a_report_of_an_older_plan(ws, case_id, cache, plan, published["generation"])
-    from .doitcli import command_line_stdout
+    from .doitcli import say
     from .interrupts import ignore_interrupts_from_now
 
-    out = command_line_stdout()
-    out.write(
+    # Flushed at once (say): with thread workers doit may leave its capture
+    # in sys.stdout's place, and then nothing flushes this stream at exit
+    # (the line was lost in 1 to 5 of 6 such builds wherever
+    # PYTHONUNBUFFERED is unset).
+    say(
         f"case {case_id} revision {plan['analysis_revision']}: {published['case']} and "
         f"{published['case_summary']} confirmed at generation {published['generation']} "
         f"(request {plan['request_hash'][:16]})\n"
     )
-    # Now: with thread workers doit may leave its capture in sys.stdout's
-    # place, and then nothing flushes this stream at exit (the line was lost
-    # in 1 to 5 of 6 such builds wherever PYTHONUNBUFFERED is unset).
-    out.flush()
     ignore_interrupts_from_now()  # the build is confirmed and says so; a Ctrl-C now would only contradict it
 
 

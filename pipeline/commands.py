@@ -139,11 +139,9 @@ def _parsed_manifests_to_read(ws, case_id: str):
 
 
 def _out(line: str) -> None:
-    from .doitcli import command_line_stdout
+    from .doitcli import say
 
-    out = command_line_stdout()
-    out.write(line + "\n")
-    out.flush()
+    say(line + "\n")
 
 
 def _progress(line: str) -> None:
@@ -936,7 +934,7 @@ def cmd_probes(case=None, workspace=None) -> int:
     if built_revision < revision:
         _progress(f"note: revision {revision} has no case yet; these probes are for revision {built_revision}'s case")
     text, code = probes_command_output(document, path, sha256_hex(data))
-    from .doitcli import command_line_stdout
+    from .doitcli import say
 
-    command_line_stdout().write(text if text.endswith("\n") else text + "\n")
+    say(text if text.endswith("\n") else text + "\n")
     return code

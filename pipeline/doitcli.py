@@ -569,6 +569,30 @@ def command_line_stdout():
     return _command_line_stdout if _command_line_stdout is not None else sys.stdout
 
 
+def say(text: str) -> None:
+    """Write a command's own line(s) to :func:`command_line_stdout`, at once.
+
+    A reader that went away is ``BrokenPipeError`` (:func:`guarded` ends
+    quietly). Any other failing write (a CI log on a full disk) is
+    ``IO_ERROR`` naming the standard output: it was doit's traceback-less
+    ``IO_ERROR: No space left on device`` naming nothing, as if the command's
+    work had failed, and the flush at exit then failed again (exit 120 and
+    two "Exception ignored" lines after the coded one)."""
+    out = command_line_stdout()
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        if _command_line_stdout is not None:
+            with contextlib.suppress(OSError, ValueError):
+                _quiet_from_now_on()
+        reason = error.strerror or type(error).__name__
+        raise VianoError("IO_ERROR", f"the standard output could not be written ({reason}); "
+                                     "what the command had done by then stands") from None
+
+
 def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> dict:
     """DOIT_CONFIG for this invocation (see module docstring)."""
     from .workspace import Workspace, require_utf8_file_names, validate_id

@@ -484,3 +484,31 @@ def test_a_standard_output_that_cannot_encode_a_name_gets_it_escaped(tmp_path, e
         if command[0] == "status":
             assert "caf\\xe9 \\u2713.log" in stdout or "café \\u2713.log" in stdout, stdout
     assert {"case.json", "case_summary.md"} <= {p.name for p in (tmp_path / "öut").iterdir()}
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_standard_output_that_cannot_be_written_is_named_and_the_work_stands(tmp_path):
+    """A CI log on a full disk: the admission, build and export were done,
+    but each said only `IO_ERROR: No space left on device`, as if it had
+    failed; without PYTHONUNBUFFERED the exit status was 120 and two
+    "Exception ignored" lines followed the coded one (session 24's CI review)."""
+    source = standard_package(tmp_path / "pkg")
+    ws = tmp_path / "ws"
+    env = doit_env()
+    env.pop("PYTHONUNBUFFERED", None)
+
+    def run(*command):
+        with open("/dev/full", "w") as full:
+            return subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), *command, f"workspace={ws}"],
+                                  stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+
+    dest = tmp_path / "out"
+    for command in (["admit", "case=c1", f"source={source}"], ["build", "case=c1"], ["export", "case=c1", f"dest={dest}"],
+                    ["status", "case=c1"], ["probes", "case=c1"]):
+        result = run(*command)
+        assert result.returncode == 1, (command, result.returncode, result.stderr)
+        assert result.stderr.splitlines()[-1] == ("IO_ERROR: the standard output could not be written (No space left on "
+                                                 "device); what the command had done by then stands"), result.stderr
+        assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(kit.manifests(ws, "c1")) == 2
+    assert {"case.json", "case_summary.md"} <= {p.name for p in dest.iterdir()}
