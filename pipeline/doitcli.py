@@ -609,6 +609,7 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     _command_line_stdout = sys.stdout if _running_doit_command_line() else None
     if _command_line_stdout is not None:
         _escape_what_stdout_cannot_encode(_command_line_stdout)
+        _keep_going_without_stderr()
     os.environ.pop(_LOCKED_BY_ENV, None)
     report_interrupts_on_one_line()
     say_when_waiting_for_a_case_lock()
@@ -780,6 +781,50 @@ def _escape_what_stdout_cannot_encode(stream) -> None:
     if getattr(stream, "errors", None) == "strict":
         with contextlib.suppress(AttributeError, ValueError, OSError):
             stream.reconfigure(errors="backslashreplace")
+
+
+class _StderrThatMayGo:
+    """Standard error whose writes cannot fail the command: once the reader
+    went away (``doit build 2>&1 >log | tool`` with the tool gone) or the
+    disk under it filled, what follows goes to /dev/null. Its lines are
+    progress and the coded line, which can no longer be shown; the build
+    stopped at its first step line with exit 1, publishing nothing and
+    saying nothing (session 24's CI review)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError:
+            self._to_nowhere()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._to_nowhere()
+
+    def _to_nowhere(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+        # What the failed write left in the stream's buffer goes there too.
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _keep_going_without_stderr() -> None:
+    if sys.stderr is not None and not isinstance(sys.stderr, _StderrThatMayGo) and sys.stderr is sys.__stderr__:
+        sys.stderr = _StderrThatMayGo(sys.stderr)
 
 
 def _quiet_from_now_on() -> None:

@@ -512,3 +512,22 @@ def test_a_standard_output_that_cannot_be_written_is_named_and_the_work_stands(t
         assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert len(kit.manifests(ws, "c1")) == 2
     assert {"case.json", "case_summary.md"} <= {p.name for p in dest.iterdir()}
+
+
+def test_a_build_whose_standard_error_reader_went_away_still_builds(tmp_path):
+    """`doit build 2>&1 >log | tool` with the tool gone: the build stopped at
+    its first step line, exit 1, nothing published and nothing said (session
+    24's CI review). Its lines are only progress: the build goes on."""
+    source = standard_package(tmp_path / "pkg")
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # before the child starts: every write to its stderr is EPIPE
+    try:
+        result = subprocess.run(["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"],
+                                stdout=subprocess.PIPE, stderr=write_end, text=True, env=doit_env(), timeout=120)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0
+    assert "confirmed at generation 2" in result.stdout
+    assert len(kit.manifests(ws, "c1")) == 2
