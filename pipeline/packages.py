@@ -1002,6 +1002,23 @@ class Package:
             raise CaseBuildError("REFERENCE_MISSING", "the manifest does not list this path", path=relpath)
         return manifest, entry
 
+    def _open_listed(self, relpath: str) -> int:
+        """:meth:`_open_content` of a file a manifest lists: one that is gone
+        is the workspace's damage, not a reference of the package's (it was
+        ``REFERENCE_MISSING``, which sent the user to their index: a
+        workspace archived by a CI cache while a build published, found by
+        session 24's review)."""
+        try:
+            return self._open_content(relpath)
+        except VianoError as error:
+            if error.code != "REFERENCE_MISSING":
+                raise
+            raise IntegrityError(
+                "INTEGRITY_ERROR", "the manifest lists this file but the package content no longer holds it: the "
+                "workspace was changed outside the builder, or copied while a command ran; restore it from a copy "
+                "taken while no command ran", path=relpath,
+            ) from None
+
     def _open_content(self, relpath: str) -> int:
         fd = open_nofollow(self.content_dir, relpath)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -1013,14 +1030,15 @@ class Package:
         """The bytes of ``relpath`` if the manifest lists it and they match its size and SHA-256.
 
         Not listed -> ``REFERENCE_MISSING``; listed size over ``limit`` ->
-        ``LIMIT_EXCEEDED`` before reading; a symlink on the way ->
+        ``LIMIT_EXCEEDED`` before reading; listed but gone ->
+        ``INTEGRITY_ERROR``; a symlink on the way ->
         ``REFERENCE_UNSAFE``; different bytes -> ``INTEGRITY_ERROR``. No
         case-insensitive or normalising fallback.
         """
         _, entry = self._entry(relpath, manifest)
         if entry["size"] > limit:
             raise CaseBuildError("LIMIT_EXCEEDED", f"{entry['size']} bytes, limit {limit}", path=relpath)
-        fd = self._open_content(relpath)
+        fd = self._open_listed(relpath)
         try:
             data = read_fd_at_most(fd, entry["size"], label=relpath, error=IntegrityError, code="INTEGRITY_ERROR")
         except IntegrityError:
@@ -1054,7 +1072,7 @@ class Package:
     def verify_file(self, relpath: str, *, manifest: dict | None = None, progress: Progress | None = None) -> tuple[str, int]:
         """Stream ``relpath`` in 1 MiB chunks and return its (sha256, size) if they match the manifest."""
         _, entry = self._entry(relpath, manifest)
-        fd = self._open_content(relpath)
+        fd = self._open_listed(relpath)
         try:
             found = _hash_content(fd, progress, relpath)
         finally:

@@ -320,7 +320,10 @@ def whose(st: os.stat_result) -> str:
     text = f"belongs to {owner} and group {group} (mode {mode:o}); "
     if mode & stat.S_IWGRP and st.st_gid != os.getegid() and st.st_gid not in os.getgroups():
         return text + f"this user is not in group {group}"
-    return text + "a workspace shared by several users needs a common group, setgid folders and umask 002 from its start"
+    # (The chown: a workspace restored from a CI cache or a backup by another
+    # user, which a setup for sharing would not mend; session 24's review.)
+    return text + ("a workspace shared by several users needs a common group, setgid folders and umask 002 from its "
+                   "start; one restored or copied by another user needs chown -R to this user")
 
 
 def _lock_key(workspace: Workspace, case_id: str) -> tuple[str, str]:

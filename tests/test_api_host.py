@@ -241,10 +241,12 @@ def test_a_user_who_may_only_read_a_workspace_reads_it_and_is_refused_writing_be
     assert outcome.split(" | ") == [
         "BUILDING_CASE",  # with its case confirmed
         "IO_ERROR: this user cannot write the checkpoint store: its folder belongs to root and group root (mode 755); a workspace shared "
-        "by several users needs a common group, setgid folders and umask 002 from its start (checkpoints.sqlite3)",
+        "by several users needs a common group, setgid folders and umask 002 from its start; one restored or copied by "
+        "another user needs chown -R to this user (checkpoints.sqlite3)",
         "case.json,case_summary.md,manifest.json",
         "IO_ERROR: this user may not take case c1's lock: .locks/c1.lock belongs to root and group root (mode 644); a "
-        "workspace shared by several users needs a common group, setgid folders and umask 002 from its start (.locks/c1.lock)",
+        "workspace shared by several users needs a common group, setgid folders and umask 002 from its start; one restored "
+        "or copied by another user needs chown -R to this user (.locks/c1.lock)",
     ], outcome
     assert sorted(p.name for p in (root / "ws").iterdir()) == before  # nothing made by the reader
 
@@ -291,7 +293,7 @@ def test_a_reader_who_may_write_the_folder_but_not_the_store_leaves_no_file_that
     assert _as_nobody(read_and_write) == (
         "VALIDATED | IO_ERROR: this user cannot write the checkpoint store: checkpoints.sqlite3 belongs to root and group "
         "root (mode 644); a workspace shared by several users needs a common group, setgid folders and umask 002 from its "
-        "start (checkpoints.sqlite3)")
+        "start; one restored or copied by another user needs chown -R to this user (checkpoints.sqlite3)")
     assert sorted(p.name for p in (root / "ws").iterdir() if p.name.startswith("checkpoints")) == ["checkpoints.sqlite3"]
     # A group's folder, this user not in the group: said so, not the setup advice.
     os.chmod(root / "ws", 0o2775)

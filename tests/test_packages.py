@@ -1205,3 +1205,18 @@ def test_a_ctrl_c_while_the_direct_hash_starts_waits_for_its_reader():
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     assert outcome == {"outcome": "KeyboardInterrupt", "reader_busy_after": False, "handler_restored": True}, outcome
+
+
+def test_a_listed_file_gone_from_the_content_is_the_workspaces_damage(pkg):
+    """Not the package's reference (REFERENCE_MISSING sent the user to their
+    index): a workspace archived while a build published restored without
+    the published files (session 24's CI review)."""
+    (pkg.content_dir / "original" / "report.data").unlink()
+    for read in (lambda: pkg.read_verified("original/report.data", 100), lambda: pkg.verify_file("original/report.data")):
+        with pytest.raises(VianoError) as info:
+            read()
+        assert (info.value.code, info.value.path) == ("INTEGRITY_ERROR", "original/report.data")
+        assert "no longer holds it" in info.value.message
+    with pytest.raises(VianoError) as info:
+        pkg.read_verified("original/never-listed", 100)
+    assert info.value.code == "REFERENCE_MISSING"
