@@ -535,6 +535,10 @@ def _expected(case: dict) -> list[str]:
     )
     items: list[str] = []
     notes: list[str] = []
+    # Seed 000: historical research stays in the case, "not asserted
+    # current". Which results answer another request than this revision's is
+    # in case.json (two hashes); said here so that it needs no comparing.
+    answers_to_earlier = _statements_of_earlier_requests(case)
     for s in eb["statements"]:
         marks = []
         for citation in s.get("citations", []):
@@ -548,6 +552,8 @@ def _expected(case: dict) -> list[str]:
             )
         origin = s["origin"]
         label = " (tester statement)" if origin == "tester" else f" (origin: {_scalar(origin)})"
+        if s["id"] in answers_to_earlier:
+            label = label[:-1] + "; from a result for an earlier research request)"
         items.append(_statement(s, label, "".join(marks)))
     blocks += [
         _heading(3, "Expected-behaviour statements"),
@@ -560,6 +566,16 @@ def _expected(case: dict) -> list[str]:
     else:
         blocks.append(NONE_SUPPLIED)
     return blocks
+
+
+def _statements_of_earlier_requests(case: dict) -> set:
+    research = case["research"]
+    return {
+        statement_id
+        for result in research["results"]
+        if result["request_hash"] != research["request_hash"]
+        for statement_id in result["statement_ids"]
+    }
 
 
 def _ids(values: list) -> str:
@@ -653,12 +669,14 @@ def _research(case: dict) -> list[str]:
             _scalar(r["request_hash"]),
             f"{_scalar(r['provider']['name'])} {_scalar(r['provider']['version'])}",
             _scalar(r["status"]),
+            "yes" if r["request_hash"] == request_hash else "no, an earlier one",
             _ids(r["statement_ids"]),
         ]
         for r in research["results"]
     ]
     blocks.append(
-        _table(["Path", "SHA-256", "Request", "Request hash", "Provider", "Status", "Statement ids"], rows)
+        _table(["Path", "SHA-256", "Request", "Request hash", "Provider", "Status", "For the current request",
+                "Statement ids"], rows)
         if rows
         else NONE_SUPPLIED
     )

@@ -569,9 +569,26 @@ def test_full_case_structure_and_content():
         "| MISSING\\_INDEX | no index | \u2014 |",
         "| misc\\/unknown\\.bin | " + "ab" * 32 + " | 10 |",
         "| research\\/aa\\/result\\.json | " + "12" * 32 + " | research\\/aa\\/request\\.json | " + "ef" * 32
-        + " | prov 2 | partial | E0002, E0003 |",
+        + " | prov 2 | partial | yes | E0002, E0003 |",
     ]:
         assert needle in text, needle
+
+
+def test_a_result_for_an_earlier_request_is_said_to_be_so():
+    """Seed 000: historical research stays in the case, traceable, "not
+    asserted current". After a reopen the result answered the previous
+    revision's request; the summary listed its statements and its row like
+    current ones, and only two 64-digit hashes told them apart (session 24's
+    spec audit)."""
+    case = full_case()
+    case["research"]["request_hash"] = "ab" * 32
+    text = render_summary(case)
+    check_structure(text)
+    assert ("E0002 (origin: external\\_research; from a result for an earlier research request): blue per spec"
+            in text), text
+    assert "E0003 (origin: external\\_research; from a result for an earlier research request): also blue" in text
+    assert " | prov 2 | partial | no, an earlier one | E0002, E0003 |" in text
+    assert "E0001 (tester statement)" in text  # tester statements are never so marked
 
 
 def test_empty_case_says_none_supplied():
