@@ -648,7 +648,10 @@ def assemble(snapshot: dict, *, owned: bool = False, carried: dict | None = None
                 facts.append(fact)
                 fact_ids.append(fact["id"])
             events = fragment["events_ref"]
-            budget.charge(source, *(step["text"] for step in fragment["steps"]))
+            # Each step's pointer is in the output beside its text: a reproduction of
+            # one-letter steps is mostly pointers (2 M steps, a 184 MB case, was
+            # encoded whole before its size was known).
+            budget.charge(source, *(part for step in fragment["steps"] for part in (step["pointer"], step["text"])))
             # The events reference first: it names the first refusal, as before.
             events_resolved = None if events is None else _resolve_ref(events, files, source, "/events_ref")
             repro_attachments = [

@@ -26,7 +26,7 @@ from . import BUILDER_VERSION
 from .cache import BuildCache
 from .errors import CaseBuildError, IntegrityError, VianoError, coded_io_error, one_line
 from .doitcli import digest_of_version, file_version, remember_output
-from .jsoncanon import decode_strict, encode_sorted, pretty_bytes, sha256_hex
+from .jsoncanon import EncodedTooLarge, decode_strict, encode_sorted, pretty_bytes, sha256_hex
 from .limits import CaseBuilderLimits
 from .plan import check_limits, make_plan, raise_hint, step_id_for
 
@@ -1049,10 +1049,13 @@ def step_assemble(workspace_root, case_id) -> None:
         # Refused while its records were made, long before they would be encoded.
         raise CaseBuildError("LIMIT_EXCEEDED", f"{too_large}{raise_hint('case_bytes', too_large.limit)}",
                              path=plan["outputs"]["case"]) from None
-    data = pretty_bytes(case, known_float_free=snapshot_float_free)
     # The size first: the contract check of a case too large would keep a
-    # record of it in the cache for nothing.
-    _check_case_size(plan, data)
+    # record of it in the cache for nothing. Checked as it is encoded, so a
+    # refused case is never copied whole for its trailing newline.
+    try:
+        data = pretty_bytes(case, known_float_free=snapshot_float_free, limit=plan["limits"]["case_bytes"])
+    except EncodedTooLarge as too_large:
+        _refuse_case_size(plan, too_large.size)
     _check_case_contract(case, data, plan["outputs"]["case"], cache)
     _write_output(cache, cache.case_json, data, plan_sha256)
     _ASSEMBLED[:] = [(data, case)]
@@ -1115,10 +1118,10 @@ def _prior_rereader(workspace_root, case_id: str, plan: dict):
     return reread_prior
 
 
-def _check_case_size(plan: dict, data: bytes) -> None:
-    if len(data) > plan["limits"]["case_bytes"]:
-        raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {len(data)} bytes, limit {plan['limits']['case_bytes']}"
-                                                f"{raise_hint('case_bytes', plan['limits']['case_bytes'])}", path=plan["outputs"]["case"])
+def _refuse_case_size(plan: dict, size: int):
+    """LIMIT_EXCEEDED for a case.json of exactly ``size`` bytes."""
+    raise CaseBuildError("LIMIT_EXCEEDED", f"case.json would be {size} bytes, limit {plan['limits']['case_bytes']}"
+                                            f"{raise_hint('case_bytes', plan['limits']['case_bytes'])}", path=plan["outputs"]["case"])
 
 
 def _units(snapshot: dict) -> list[list[str]]:

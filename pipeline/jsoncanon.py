@@ -39,6 +39,7 @@ __all__ = [
     "canonical_hash",
     "sha256_hex",
     "pretty_bytes",
+    "EncodedTooLarge",
     "json_pointer",
     "escape_pointer_token",
     "resolve_pointer",
@@ -468,7 +469,17 @@ def remember_digest(data: bytes, digest: str) -> None:
         del _REMEMBERED_DIGESTS[:-_REMEMBER_COUNT]
 
 
-def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:
+class EncodedTooLarge(ValueError):
+    """:func:`pretty_bytes` was given a ``limit`` and the document is longer:
+    ``size`` is its exact length (what ``len`` of the bytes would have been)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the document would be {size} bytes, limit {limit}")
+        self.size = size
+        self.limit = limit
+
+
+def pretty_bytes(value: Any, *, known_float_free: bool = False, limit: int | None = None) -> bytes:
     """Published-document form: sorted keys, two-space indent, trailing newline.
 
     Byte-identical to ``json.dumps(value, sort_keys=True, indent=2,
@@ -478,6 +489,13 @@ def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:
     re-indent the result, which copies every scalar token verbatim.
     ``known_float_free=True`` is the caller's word that ``value`` is made as
     :func:`float_free` requires, which spares walking it again.
+
+    With ``limit``, a document longer than ``limit`` bytes is
+    :class:`EncodedTooLarge` (with its exact size) before the trailing
+    newline is added: adding it copies the whole document, and a refused one
+    can be hundreds of MB (deeply nested values indent quadratically). The
+    compact encoding is let go before that copy too, so at most the
+    formatted document and its copy are held, never the compact one as well.
     """
     import msgspec  # lazily: a no-op rebuild never formats, and the import costs ~15 ms
 
@@ -485,7 +503,11 @@ def pretty_bytes(value: Any, *, known_float_free: bool = False) -> bytes:
         compact = encode_sorted(value)
     else:
         compact = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
-    return msgspec.json.format(compact, indent=2) + b"\n"
+    formatted = msgspec.json.format(compact, indent=2)
+    del compact
+    if limit is not None and len(formatted) + 1 > limit:
+        raise EncodedTooLarge(len(formatted) + 1, limit)
+    return formatted + b"\n"
 
 
 def read_bounded(

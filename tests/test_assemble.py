@@ -1069,6 +1069,19 @@ def test_a_case_over_its_byte_limit_is_refused_while_its_records_are_made():
     assert len(assemble(snap)["bug"]["attachments"]) == 20_000
 
 
+def test_a_reproduction_of_one_letter_steps_is_charged_its_pointers_too():
+    """Each step's pointer is in case.json beside its text: 2 M one-letter
+    steps (8 MiB of input) made a 184 MB case, encoded whole (1.1 GB of
+    memory) before its size was known, as the bound charged only the texts."""
+    snap = snapshot(reproductions=[("original/p.json", reproduction(steps=["x"] * 200_000), 0)])
+    snap["limits"]["case_bytes"] = 1 << 20  # the texts alone are 200,000 bytes; with the pointers ~2.3 MB
+    with pytest.raises(CaseTooLarge) as refused:
+        assemble(snap)
+    assert refused.value.at_least > 1 << 20
+    del snap["limits"]["case_bytes"]
+    assert len(pretty_bytes(assemble(snap))) > refused.value.at_least  # the bound stays below the real size
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_docs_st, st.integers(min_value=1, max_value=4), st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=40))
 def test_the_byte_bound_never_refuses_a_case_within_its_limit(docs, depth, attached, slack):

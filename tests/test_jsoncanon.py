@@ -18,6 +18,7 @@ import contracts
 from pipeline.errors import CaseBuildError, ResearchError, VianoError
 from pipeline.jsoncanon import (
     MAX_SAFE_INTEGER,
+    EncodedTooLarge,
     canonical_bytes,
     canonical_hash,
     decode_strict,
@@ -238,6 +239,22 @@ _PRETTY_VALUES = st.recursive(
 def test_pretty_bytes_equals_the_stdlib_indented_form(value):
     reference = json.dumps(value, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     assert pretty_bytes(value) == reference.encode("utf-8")
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PRETTY_VALUES, st.integers(min_value=-3, max_value=3))
+def test_pretty_bytes_with_a_limit_is_the_same_bytes_or_their_exact_size(value, off):
+    """With ``limit``, a document within it is the very bytes made without
+    one; a longer one is refused before the trailing newline's copy, with the
+    length those bytes would have had."""
+    whole = pretty_bytes(value)
+    limit = max(1, len(whole) + off)
+    if len(whole) <= limit:
+        assert pretty_bytes(value, limit=limit) == whole
+    else:
+        with pytest.raises(EncodedTooLarge) as refused:
+            pretty_bytes(value, limit=limit)
+        assert (refused.value.size, refused.value.limit) == (len(whole), limit)
 
 
 _NO_FLOAT_VALUES = st.recursive(
