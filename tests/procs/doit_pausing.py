@@ -19,7 +19,13 @@ point, ready = sys.argv[1], sys.argv[2]
 def pausing(name: str) -> None:
     if name == point:
         Path(ready).touch()
-        time.sleep(60)
+        # In short sleeps: a signal that lands between the touch and the sleep's
+        # system call (this process descheduled there, under load) is handled
+        # without interrupting that call, so one 60 s sleep acted on it only
+        # when it ended, past the test's deadline (session 24's CI run).
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            time.sleep(0.05)
 
 
 faults.crashpoint = pausing

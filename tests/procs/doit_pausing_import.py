@@ -20,7 +20,13 @@ class PauseOnImport(importlib.abc.MetaPathFinder):
         if fullname == module:
             sys.meta_path.remove(self)
             Path(ready).touch()
-            time.sleep(60)
+            # In short sleeps: a signal that lands between the touch and the sleep's
+            # system call (this process descheduled there, under load) is handled
+            # without interrupting that call, so one 60 s sleep acted on it only
+            # when it ended, past the test's deadline (session 24's CI run).
+            until = time.monotonic() + 60
+            while time.monotonic() < until:
+                time.sleep(0.05)
         return None
 
 
