@@ -55,6 +55,24 @@ def _rendered_from(case: dict, cache: BuildCache, limit: int) -> bool:
         return False
 
 
+def _is_the_published_summary(package, plan: dict, cache: BuildCache, limit: int) -> bool:
+    """Whether the cached summary is the one the package publishes for this
+    revision. A build that reuses a confirmed case keeps its published
+    summary as it is, also where this builder would render it otherwise (a
+    summary changed by an upgrade): its render step is up to date then, and
+    status says so too (it said "would run" at every status, while every build
+    said up to date; session 24's re-review)."""
+    import hashlib
+
+    data = _cached_bytes(cache.summary, limit)
+    try:
+        entry = package.manifest()["files"].get(plan["outputs"]["case_summary"])
+    except (VianoError, KeyError, TypeError, AttributeError):
+        return False
+    return (data is not None and isinstance(entry, dict) and entry.get("size") == len(data)
+            and entry.get("sha256") == hashlib.sha256(data).hexdigest())
+
+
 def _unconfirmed_publication(package, record, plan: dict) -> int | None:
     """The generation after the store's that published this very case (its
     ``case-built.json`` names this step and request) while the process that
@@ -386,7 +404,8 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         rows.append(("render", f"would run: {reasons.get(render_why, render_why)}" if render_why is not None else "up to date"))
     elif not same_inputs:
         rows.append(("render", "would run: after assemble"))
-    elif not _rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING):
+    elif not (_rendered_from(case, cache, PUBLISHED_SUMMARY_CEILING)
+              or reused and _is_the_published_summary(package, plan, cache, PUBLISHED_SUMMARY_CEILING)):
         rows.append(("render", "would run: the cached summary is not the cached case's"))
     elif render_why is not None:
         rows.append(("render", f"would run: {reasons.get(render_why, render_why)}"))

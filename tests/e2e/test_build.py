@@ -1268,3 +1268,26 @@ def test_a_build_whose_step_is_ignored_says_it_published_nothing(admitted):
     assert report_ignored.returncode == 0 and report_ignored.stdout == "", report_ignored.stdout
     assert report_ignored.stderr.splitlines()[-1] == (
         "the build's report is ignored (`doit ignore build`): `doit status` says what is confirmed, `doit forget build` clears it")
+
+
+def test_status_agrees_with_the_build_on_a_summary_kept_from_an_older_builder(tmp_path):
+    """A build reuses a confirmed case's published summary as it is, also
+    where this builder renders the case otherwise (an upgrade that changed
+    the summary's text): its render step is up to date. Status said "would
+    run: the cached summary is not the cached case's" at every run, while
+    every build said up to date (session 24's re-review)."""
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'pkg')}", workspace=ws).returncode == 0
+    older = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_older_summary.py"), "-f", str(REPO / "dodo.py"), "-d", str(REPO),
+         "build", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=120,
+    )
+    assert older.returncode == 0, older.stderr
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert "render: up to date" in status.stdout, status.stdout
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0 and "-- render" in rebuilt.stderr, rebuilt.stderr
+    assert len(kit.manifests(ws, "c1")) == 2
+    assert "render: up to date" in kit.doit("status", "case=c1", workspace=ws).stdout
