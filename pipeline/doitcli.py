@@ -797,6 +797,8 @@ class _StderrThatMayGo:
     def write(self, text):
         try:
             return self._stream.write(text)
+        except BlockingIOError:
+            raise  # a non-blocking descriptor that is full for now: not gone
         except OSError:
             self._to_nowhere()
             return len(text)
@@ -804,6 +806,8 @@ class _StderrThatMayGo:
     def flush(self) -> None:
         try:
             self._stream.flush()
+        except BlockingIOError:
+            raise
         except OSError:
             self._to_nowhere()
 

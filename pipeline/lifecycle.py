@@ -455,19 +455,23 @@ def _is_int(value: Any) -> bool:
     return type(value) is int
 
 
-# The store's files as this process last left them after a connection whose
-# opening found the store sound (by PRAGMA quick_check, or by this memo). An
-# opening that finds them unchanged skips quick_check, which reads the whole
-# store: a no-op build opens it twice and status three times, and with tens of
-# thousands of cases each check cost ~0.1 s. Any change to the files (an
-# edit, a copy over them, a cut) gives them another change time, size or
-# inode, and the next opening checks again. Files changed within the last
-# seconds are not remembered: the kernel stamps times at a clock tick (and
-# some filesystems at a second or two), so a change right after the look
-# could carry the same times. A store written by the command itself is
-# therefore checked again at its next opening, as before.
-_FOUND_SOUND: dict[tuple[int, int], tuple] = {}
+# The store's files as an opening in this process saw them, where that
+# opening found the store sound by PRAGMA quick_check and nothing changed the
+# files while its connection was open (not even its own writes). A later
+# opening that finds them so again, within a minute of that check, skips
+# quick_check, which reads the whole store: a no-op build opens it twice and
+# status three times, and with tens of thousands of cases each check cost
+# ~0.1 s. A change to the files through their system calls (an edit, a copy
+# over them, a cut, a time put back) gives them another change time, size or
+# inode. Not seen: a write through a shared mapping into a page already
+# written (no time changes) and damage below the filesystem; hence the
+# minute, so that a long-running host still checks the store again. Files
+# changed within two seconds before the look are not remembered: the kernel
+# stamps times at a clock tick (some filesystems at a second or two), so a
+# change right after the look could carry the same times.
+_FOUND_SOUND: dict[tuple[int, int], tuple[tuple, int]] = {}
 _SETTLED_NS = 2_000_000_000
+_TRUSTED_FOR_NS = 60_000_000_000
 
 
 def _store_files_now(path) -> tuple | None:
@@ -478,32 +482,38 @@ def _store_files_now(path) -> tuple | None:
         return None
     try:
         log = os.stat(f"{path}-wal")
-        # Not its change time: SQLite run as root gives the log the store's
-        # owner at every opening, which stamps it. What the log holds SQLite
-        # checks itself (each frame's checksum).
-        log_now = (log.st_ino, log.st_size, log.st_mtime_ns)
     except FileNotFoundError:
         log_now = None
     except OSError:
         return None
+    else:
+        # An empty log holds no page; a reader makes one and leaves it. (SQLite
+        # run as root gives a log the store's owner at every opening, which
+        # stamps its change time: a store with frames in its log is then never
+        # remembered, which only costs checks.)
+        log_now = (log.st_ino, log.st_size, log.st_mtime_ns, log.st_ctime_ns) if log.st_size else None
     return (main.st_dev, main.st_ino, main.st_size, main.st_mtime_ns, main.st_ctime_ns, log_now)
 
 
-def _unchanged_since_checked(path) -> bool:
-    now = _store_files_now(path)
-    return now is not None and _FOUND_SOUND.get(now[:2]) == now
+def _found_sound_before(files: tuple | None) -> bool:
+    remembered = _FOUND_SOUND.get(files[:2]) if files is not None else None
+    return (remembered is not None and remembered[0] == files
+            and time.monotonic_ns() - remembered[1] < _TRUSTED_FOR_NS)
 
 
-def _remember_checked(path) -> None:
-    files = _store_files_now(path)
+def _remember_sound(path, files: tuple | None, looked_at_ns: int, checked: bool) -> None:
+    """At a sound opening's close: ``files`` as that opening saw them (at
+    ``looked_at_ns``), remembered if they are still so and were settled
+    then; ``checked`` whether the opening ran quick_check (an opening that
+    trusted the memo does not prolong it)."""
     if files is None:
         return
-    settled_before = time.time_ns() - _SETTLED_NS
     log = files[5]
-    if max(files[3], files[4], *(log[2:] if log else ())) < settled_before:
-        _FOUND_SOUND[files[:2]] = files
-    else:
+    settled = max(files[3], files[4], *(log[2:] if log else ())) < looked_at_ns - _SETTLED_NS
+    if not (settled and _store_files_now(path) == files):
         _FOUND_SOUND.pop(files[:2], None)
+    elif checked:
+        _FOUND_SOUND[files[:2]] = (files, time.monotonic_ns())
 
 
 class CheckpointStore:
@@ -569,8 +579,9 @@ class CheckpointStore:
                 "IO_ERROR", f"the workspace's filesystem is full (under {_NEARLY_FULL_BYTES >> 20} MiB or no inode left), "
                 "where the checkpoint store cannot be written", path=path.name,
             )
-        self._checked_as = None
-        unchanged_since_checked = _unchanged_since_checked(path)
+        self._sound_look = None
+        looked, looked_at = _store_files_now(path), time.time_ns()
+        found_sound_before = _found_sound_before(looked)
         try:
             read_unsure, immutable = None, False
             if read_only:
@@ -592,7 +603,7 @@ class CheckpointStore:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")
                 conn.execute("PRAGMA foreign_keys = ON")
-            if not unchanged_since_checked:
+            if not found_sound_before:
                 problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
                 if problems != ["ok"]:
                     # sqlite3's own findings on one line (not a list's repr, which
@@ -614,7 +625,7 @@ class CheckpointStore:
             raise
         # An immutable read sees no write-ahead log, so its check did not
         # cover what the next normal opening reads.
-        self._checked_as = None if immutable else path
+        self._sound_look = None if immutable else (looked, looked_at, not found_sound_before)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -624,9 +635,9 @@ class CheckpointStore:
             self._conn.close()
         except sqlite3.ProgrammingError as exc:
             raise _db_error(exc, "closing", self.workspace.store_path) from None
-        checked, self._checked_as = self._checked_as, None
-        if checked is not None:
-            _remember_checked(checked)
+        look, self._sound_look = self._sound_look, None
+        if look is not None:
+            _remember_sound(self.workspace.store_path, *look)
 
     def __enter__(self) -> "CheckpointStore":
         return self

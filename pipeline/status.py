@@ -97,6 +97,17 @@ def _unconfirmed_publication(package, record, plan: dict) -> int | None:
 _FAILS_THE_BUILD = "up to date, refused: the build would fail with "
 
 _VERIFY_AGAIN = "would run: to verify it again (its size, modification or change time is not what it was when it was read)"
+_GONE = ("would fail: INTEGRITY_ERROR: the manifest lists this file but the package content no longer holds it "
+         "(restore the workspace from a copy taken while no command ran)")
+
+
+def _verify_again_or_gone(content_dir, path: str, stamp_now) -> str:
+    """Why a file whose stamp moved is read again; or that it is gone, which
+    no reading mends (status said it would be verified again; session 24's
+    re-review)."""
+    if stamp_now is None and not os.path.lexists(os.path.join(content_dir, path)):
+        return _GONE
+    return _VERIFY_AGAIN
 
 
 _ATTACHMENTS_IGNORED = "from the prior case, which did not list its attachments: the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap"
@@ -298,10 +309,11 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             # give the same refusal (or INTEGRITY_ERROR for other bytes).
             refusals.append((task, outlook.removeprefix(_FAILS_THE_BUILD)))
         if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
-            if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
+            again = _verify_again_or_gone(package.content_dir, doc["path"], now[doc["path"]])
+            if again is _VERIFY_AGAIN and outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
                 outlook = f"{_VERIFY_AGAIN}; it was refused when last read: {outlook.removeprefix(_FAILS_THE_BUILD)}"
             else:
-                outlook = _VERIFY_AGAIN
+                outlook = again
         elif outlook is None:
             outlook = _read_input_outlook(cache, input_record, doc, reused)
         rows.append((task, outlook))
@@ -309,7 +321,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             outlook = "would run: not hashed yet (new file, or the cache was cleared)"
         elif stamps.get(ref["path"]) != now[ref["path"]]:
-            outlook = _VERIFY_AGAIN
+            outlook = _verify_again_or_gone(package.content_dir, ref["path"], now[ref["path"]])
         else:
             outlook = "up to date"
         rows.append((f"hash_context:{subtask_name(ref['path'])}", outlook))

@@ -1738,6 +1738,25 @@ def test_status_does_not_call_a_case_up_to_date_whose_published_file_is_gone(tmp
     assert kit.doit("build", "case=c1", workspace=ws).returncode != 0  # as status said
 
 
+def test_a_listed_input_gone_from_the_content_is_named_by_status_and_build(tmp_path):
+    """A workspace copied while a command ran, or changed by hand: a file the
+    manifest lists is gone. Status said "would run: to verify it again" and
+    the build REFERENCE_MISSING, which points at the package's index
+    (session 24's reviews); both now name the workspace's damage."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    content = kit.package_dir(ws, "c1") / "content"
+    (content / "original" / "report-b.json").unlink()
+    (content / "original" / "runtime.log").unlink()
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    for task in ("read_input:original/report-b.json", "hash_context:original/runtime.log"):
+        assert (f"{task}: would fail: INTEGRITY_ERROR: the manifest lists this file but the package content no longer "
+                "holds it") in status.stdout, status.stdout
+    line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+    assert "the manifest lists this file but the package content no longer holds it" in line, line
+
+
 def test_a_case_directory_without_its_store_row_is_named_as_such(tmp_path):
     # A killed admission after its rename and before its store row: commands
     # other than admit say what is there instead of "no case".
