@@ -12,7 +12,31 @@ $VIANO_WORKSPACE or ./service-data):
     doit probes case=ID
 """
 
-from pipeline.interrupts import report_interrupts_on_one_line
+import os
+import sys
+
+import contracts
+import pipeline
+
+
+def _folder_holding(package) -> str | None:
+    where = getattr(package, "__file__", None)
+    return os.path.dirname(os.path.dirname(os.path.abspath(where))) if where else None
+
+
+if not hasattr(pipeline, "BUILDER_VERSION") or _folder_holding(pipeline) in (None, "") \
+        or _folder_holding(pipeline) != _folder_holding(contracts):
+    # Another package named pipeline or contracts earlier on sys.path (a
+    # `pipeline/` folder beside a copied dodo.py, which doit puts first;
+    # PyContracts): said here, as the builder's own code cannot load.
+    sys.stderr.write(
+        "UNSUPPORTED_ENVIRONMENT: the builder's packages are shadowed by others of the same name (pipeline from "
+        f"{getattr(pipeline, '__file__', None)}, contracts from {getattr(contracts, '__file__', None)}): run doit with "
+        "a dodo file that has no pipeline or contracts folder beside it other than the builder's\n"
+    )
+    raise SystemExit(3)
+
+from pipeline.interrupts import report_interrupts_on_one_line  # noqa: E402
 
 # First, so that a Ctrl-C while the rest loads is one INTERRUPTED line too.
 report_interrupts_on_one_line()

@@ -531,3 +531,22 @@ def test_a_build_whose_standard_error_reader_went_away_still_builds(tmp_path):
     assert result.returncode == 0
     assert "confirmed at generation 2" in result.stdout
     assert len(kit.manifests(ws, "c1")) == 2
+
+
+@pytest.mark.parametrize("package", ["pipeline", "contracts"])
+def test_a_package_shadowing_the_builders_is_one_coded_line(tmp_path, package):
+    """dodo.py copied into a repository that has a `pipeline` (or
+    `contracts`) package of its own, which doit puts first on sys.path: a
+    ModuleNotFoundError traceback with exit 3 (session 24's CI review)."""
+    folder = tmp_path / "repo"
+    (folder / package).mkdir(parents=True)
+    (folder / package / "__init__.py").write_text("# another project's\n")
+    shutil.copy(REPO / "dodo.py", folder / "dodo.py")
+    result = subprocess.run(["doit", "-f", str(folder / "dodo.py"), "status", "case=c1", f"workspace={tmp_path / 'ws'}"],
+                            capture_output=True, text=True, env=doit_env(), timeout=120, cwd=folder)
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("UNSUPPORTED_ENVIRONMENT: the builder's packages are shadowed by others of "
+                                                   f"the same name ("), lines
+    assert str(folder / package / "__init__.py") in lines[0]
+    assert not (tmp_path / "ws").exists()
