@@ -236,6 +236,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                     raise reopen_required()
                 _check_the_build_would_fit(package, manifest, record.generation, returning, index_bytes, staged.files, index_path, limits)
                 dropped = _no_longer_listed(package, manifest, returning, limits)
+                package.refuse_missing_listed_files(manifest)
                 files = {**staged.staged_files(), index_path: index_bytes}
                 new_manifest = PackageWriter(package).publish(
                     record.generation, files, artifacts={"case_inputs": index_path}
@@ -510,6 +511,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                     f"{case_id} is at analysis revision {record.analysis_revision}, the highest a manifest can hold "
                     f"(2^53 - 1); it cannot be reopened",
                 )
+            package.refuse_missing_listed_files(package.manifest(record.generation))
             generation = record.generation + 1
             note = {
                 "format": "viano-reopen",

@@ -1002,6 +1002,25 @@ class Package:
             raise CaseBuildError("REFERENCE_MISSING", "the manifest does not list this path", path=relpath)
         return manifest, entry
 
+    def refuse_missing_listed_files(self, manifest: dict) -> None:
+        """``INTEGRITY_ERROR`` naming the first file ``manifest`` lists (in
+        path order) that the content no longer holds as a regular file of its
+        size. One ``lstat`` a file, no reading: for the commands that publish a
+        generation without reading earlier files (reopen, append), which went
+        on publishing over a package a copy taken while a command ran had left
+        without them, carrying the damage forward (session 24's re-review)."""
+        for relpath in sorted(manifest["files"]):
+            try:
+                st = os.lstat(os.path.join(self.content_dir, relpath))
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != manifest["files"][relpath]["size"]:
+                raise IntegrityError(
+                    "INTEGRITY_ERROR", "the manifest lists this file but the package content no longer holds it (or not "
+                    "at its size): the workspace was changed outside the builder, or copied while a command ran; restore "
+                    "it from a copy taken while no command ran; nothing was published", path=relpath,
+                )
+
     def _open_listed(self, relpath: str) -> int:
         """:meth:`_open_content` of a file a manifest lists: one that is gone
         is the workspace's damage, not a reference of the package's (it was

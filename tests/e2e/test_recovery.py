@@ -1757,6 +1757,28 @@ def test_a_listed_input_gone_from_the_content_is_named_by_status_and_build(tmp_p
     assert "the manifest lists this file but the package content no longer holds it" in line, line
 
 
+def test_reopen_and_append_refuse_to_publish_over_a_package_missing_a_listed_file(tmp_path):
+    """They read no earlier file, and went on publishing generations over a
+    package a copy taken while a command ran had left without its files
+    (session 24's re-review): refused, naming the file, nothing published."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    log = kit.package_dir(ws, "c1") / "content" / "original" / "runtime.log"
+    kept = log.read_bytes()
+    log.unlink()
+    line = _one_line_error(kit.doit("reopen", "case=c1", "by=human:t", "reason=r", workspace=ws), "INTEGRITY_ERROR")
+    assert "the manifest lists this file but the package content no longer holds it" in line and "(original/runtime.log)" in line
+    assert len(kit.manifests(ws, "c1")) == 2
+    log.write_bytes(kept)
+    assert kit.doit("reopen", "case=c1", "by=human:t", "reason=r", workspace=ws).returncode == 0
+    log.write_bytes(kept[:-1])  # cut short: not its size
+    extra = kit.make_append(tmp_path / "extra", files={"original/later.json": kit.report("Later", observations=[{"text": "x"}])},
+                            index=kit.index(reports=["original/later.json"]))
+    line = _one_line_error(kit.doit("append", "case=c1", f"source={extra}", workspace=ws), "INTEGRITY_ERROR")
+    assert "(original/runtime.log)" in line
+    assert len(kit.manifests(ws, "c1")) == 3
+
+
 def test_a_case_directory_without_its_store_row_is_named_as_such(tmp_path):
     # A killed admission after its rename and before its store row: commands
     # other than admit say what is there instead of "no case".
