@@ -606,6 +606,8 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
         raise SystemExit(3) from None
     global _STARTED_BEFORE_ITS_CASE, _RUN_WITHOUT_ITS_LOCK, _command_line_stdout
     _STARTED_BEFORE_ITS_CASE = _RUN_WITHOUT_ITS_LOCK = None
+    if _running_doit_command_line():
+        _fill_closed_standard_streams()
     _command_line_stdout = sys.stdout if _running_doit_command_line() else None
     if _command_line_stdout is not None:
         _escape_what_stdout_cannot_encode(_command_line_stdout)
@@ -770,6 +772,28 @@ def _guard_doits_own_commands() -> None:
         functools.update_wrapper(guarded_execute, execute)
         guarded_execute.viano_guarded = True
         command._execute = guarded_execute
+
+
+def _fill_closed_standard_streams() -> None:
+    """A command started with its standard output or error closed (``2>&-``)
+    gets /dev/null there. Python leaves ``sys.stderr`` None then, and doit's
+    reporter failed on it: the build exited 1 at its first step, publishing
+    nothing and saying nothing (session 24's README audit). A descriptor left
+    closed would also be the next file opened, which a later write to
+    "standard error" would then land in."""
+    import io
+
+    for descriptor, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != descriptor:
+                os.dup2(devnull, descriptor)
+                os.close(devnull)
+        if getattr(sys, name) is None:
+            setattr(sys, name, io.TextIOWrapper(io.FileIO(descriptor, "w", closefd=False), encoding="utf-8",
+                                                errors="backslashreplace", line_buffering=True))
 
 
 def _escape_what_stdout_cannot_encode(stream) -> None:

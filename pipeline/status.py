@@ -101,13 +101,11 @@ _GONE = ("would fail: INTEGRITY_ERROR: the manifest lists this file but the pack
          "(restore the workspace from a copy taken while no command ran)")
 
 
-def _verify_again_or_gone(content_dir, path: str, stamp_now) -> str:
-    """Why a file whose stamp moved is read again; or that it is gone, which
-    no reading mends (status said it would be verified again; session 24's
-    re-review)."""
-    if stamp_now is None and not os.path.lexists(os.path.join(content_dir, path)):
-        return _GONE
-    return _VERIFY_AGAIN
+def _gone(content_dir, path: str, stamp_now) -> bool:
+    """Whether a file the plan reads is gone from the content, which no
+    reading mends (status said it would be verified again, or after a failed
+    build "not read yet"; session 24's reviews)."""
+    return stamp_now is None and not os.path.lexists(os.path.join(content_dir, path))
 
 
 _ATTACHMENTS_IGNORED = "from the prior case, which did not list its attachments: the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap"
@@ -299,29 +297,36 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     stamps = read_content_stamps(cache)
     now = content_stamps_now(os.fspath(package.content_dir), [*(d["path"] for d in plan["documents"]), *(r["path"] for r in plan["opaque"])])
     refusals = []  # (task, problem) of each input whose cached refusal stops the build at assemble
+    gone = []  # the tasks of inputs gone from the content, which stop the build before assemble
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         input_record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
         task = f"read_input:{subtask_name(doc['path'])}"
+        if _gone(package.content_dir, doc["path"], now[doc["path"]]):
+            gone.append(task)
+            rows.append((task, _GONE))
+            continue
         outlook = _read_input_outlook(cache, input_record, doc, reused) if input_record.exists() else None
         if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
             # Read again after its stamp moved, the bytes the manifest pins
             # give the same refusal (or INTEGRITY_ERROR for other bytes).
             refusals.append((task, outlook.removeprefix(_FAILS_THE_BUILD)))
         if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
-            again = _verify_again_or_gone(package.content_dir, doc["path"], now[doc["path"]])
-            if again is _VERIFY_AGAIN and outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
+            if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
                 outlook = f"{_VERIFY_AGAIN}; it was refused when last read: {outlook.removeprefix(_FAILS_THE_BUILD)}"
             else:
-                outlook = again
+                outlook = _VERIFY_AGAIN
         elif outlook is None:
             outlook = _read_input_outlook(cache, input_record, doc, reused)
         rows.append((task, outlook))
     for ref in plan["opaque"]:
-        if not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
+        if _gone(package.content_dir, ref["path"], now[ref["path"]]):
+            gone.append(f"hash_context:{subtask_name(ref['path'])}")
+            outlook = _GONE
+        elif not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             outlook = "would run: not hashed yet (new file, or the cache was cleared)"
         elif stamps.get(ref["path"]) != now[ref["path"]]:
-            outlook = _verify_again_or_gone(package.content_dir, ref["path"], now[ref["path"]])
+            outlook = _VERIFY_AGAIN
         else:
             outlook = "up to date"
         rows.append((f"hash_context:{subtask_name(ref['path'])}", outlook))
@@ -442,7 +447,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
-    ignored = [task for task in (*gates, *subtasks) if records and (records.get(task) or {}).get("ignore:")]
+    ignored = [task for task in (*gates, *subtasks, "assemble", "render") if records and (records.get(task) or {}).get("ignore:")]
     if ignored:
         # doit skips the tasks that wait for an ignored one as well: every
         # step after validate_index, a group's own subtasks, and assemble,
@@ -454,9 +459,15 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         def skipped(task: str) -> bool:
             if cause == "validate_index":
                 return task != "validate_index"
+            if cause in ("assemble", "render"):
+                # (Until session 24 these said "would run", the build "!!".)
+                return task in ("render", "publish") if cause == "assemble" else task == "publish"
             return task in ("assemble", "render", "publish") or task.startswith(f"{cause}:")
 
         rows = [(task, after) if skipped(task) else (task, outlook) for task, outlook in rows]
+    elif gone:
+        stop = f"would not run: the build stops at {gone[0]}, whose file is gone"
+        rows = [(task, stop if task in ("assemble", "render", "publish") else outlook) for task, outlook in rows]
     elif refusals:
         # assemble raises the first refusal it meets; nothing after it runs.
         task, problem = refusals[0]

@@ -1291,3 +1291,20 @@ def test_status_agrees_with_the_build_on_a_summary_kept_from_an_older_builder(tm
     assert rebuilt.returncode == 0 and "-- render" in rebuilt.stderr, rebuilt.stderr
     assert len(kit.manifests(ws, "c1")) == 2
     assert "render: up to date" in kit.doit("status", "case=c1", workspace=ws).stdout
+
+
+@pytest.mark.parametrize("step", ["assemble", "render"])
+def test_status_names_the_steps_an_ignored_assemble_or_render_makes_doit_skip(tmp_path, step):
+    """Found by session 24's README audit: with assemble (or render) ignored,
+    status said the later steps "would run", while the build skipped them
+    (`!!`) and published nothing."""
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'pkg')}", workspace=ws).returncode == 0
+    assert kit.doit("ignore", step, "case=c1", workspace=ws).returncode == 0
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    later = ("render", "publish") if step == "assemble" else ("publish",)
+    for task in later:
+        assert f"  {task}: ignored with {step} (`doit ignore`)" in outlook, outlook
+    skipped = kit.doit("build", "case=c1", workspace=ws)
+    assert {f"!! {t}" for t in (step, *later)} <= set(skipped.stderr.splitlines()), skipped.stderr
+    assert len(kit.manifests(ws, "c1")) == 1

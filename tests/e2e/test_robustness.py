@@ -550,3 +550,21 @@ def test_a_package_shadowing_the_builders_is_one_coded_line(tmp_path, package):
                                                    f"the same name ("), lines
     assert str(folder / package / "__init__.py") in lines[0]
     assert not (tmp_path / "ws").exists()
+
+
+def test_a_build_started_with_standard_error_closed_still_builds(tmp_path):
+    """`doit build 2>&-`: Python leaves sys.stderr None, and doit's reporter
+    failed on it; the build exited 1 at its first step, publishing nothing
+    and saying nothing (session 24's README audit)."""
+    source = standard_package(tmp_path / "pkg")
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    command = ["doit", "-f", str(REPO / "dodo.py"), "-d", str(REPO), "build", "case=c1", f"workspace={ws}"]
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=doit_env(), timeout=120,
+                            preexec_fn=lambda: os.close(2))
+    assert result.returncode == 0
+    assert "confirmed at generation 2" in result.stdout
+    assert len(kit.manifests(ws, "c1")) == 2
+    refused = subprocess.run([*command[:-2], "status", "case=nosuch", f"workspace={ws}"], stdout=subprocess.PIPE,
+                             env=doit_env(), timeout=120, preexec_fn=lambda: os.close(2))
+    assert refused.returncode == 1  # the coded line has nowhere to go; the status stays
