@@ -15,8 +15,18 @@ $VIANO_WORKSPACE or ./service-data):
 import os
 import sys
 
-import contracts
-import pipeline
+
+def _shadowed(why: str) -> None:
+    # Another package named pipeline or contracts earlier on sys.path (a
+    # `pipeline/` folder beside a copied dodo.py, which doit puts first;
+    # PyContracts): said here, as the builder's own code cannot load.
+    line = (f"UNSUPPORTED_ENVIRONMENT: the builder's packages are shadowed by others of the same name ({why}): run doit "
+            "with a dodo file that has no pipeline or contracts folder beside it other than the builder's\n")
+    try:
+        os.write(2, line.encode("utf-8", "backslashreplace"))  # (sys.stderr is None when standard error is closed)
+    except OSError:
+        pass  # closed: the status alone says it
+    raise SystemExit(3)
 
 
 def _folder_holding(package) -> str | None:
@@ -24,17 +34,20 @@ def _folder_holding(package) -> str | None:
     return os.path.dirname(os.path.dirname(os.path.abspath(where))) if where else None
 
 
+try:
+    import contracts
+    import pipeline
+except Exception as error:  # noqa: BLE001 - whatever a foreign package raises as it loads
+    _shadowed(f"importing them failed: {type(error).__name__}: {error}")
+
+
+def _named(package) -> str:
+    return getattr(package, "__file__", None) or "a folder without __init__.py: " + ", ".join(getattr(package, "__path__", []))
+
+
 if not hasattr(pipeline, "BUILDER_VERSION") or _folder_holding(pipeline) in (None, "") \
         or _folder_holding(pipeline) != _folder_holding(contracts):
-    # Another package named pipeline or contracts earlier on sys.path (a
-    # `pipeline/` folder beside a copied dodo.py, which doit puts first;
-    # PyContracts): said here, as the builder's own code cannot load.
-    sys.stderr.write(
-        "UNSUPPORTED_ENVIRONMENT: the builder's packages are shadowed by others of the same name (pipeline from "
-        f"{getattr(pipeline, '__file__', None)}, contracts from {getattr(contracts, '__file__', None)}): run doit with "
-        "a dodo file that has no pipeline or contracts folder beside it other than the builder's\n"
-    )
-    raise SystemExit(3)
+    _shadowed(f"pipeline from {_named(pipeline)}, contracts from {_named(contracts)}")
 
 from pipeline.interrupts import report_interrupts_on_one_line  # noqa: E402
 

@@ -448,7 +448,12 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
     ignored = [task for task in (*gates, *subtasks, "assemble", "render") if records and (records.get(task) or {}).get("ignore:")]
-    if ignored:
+    if gone and not (ignored and (ignored[0] == "validate_index" or gone[0] == ignored[0] or gone[0].startswith(f"{ignored[0]}:"))):
+        # The gone file's own step runs (nothing before it is ignored) and
+        # fails the build there, whatever is ignored after it.
+        stop = f"would not run: the build stops at {gone[0]}, whose file is gone"
+        rows = [(task, stop if task in ("assemble", "render", "publish") else outlook) for task, outlook in rows]
+    elif ignored:
         # doit skips the tasks that wait for an ignored one as well: every
         # step after validate_index, a group's own subtasks, and assemble,
         # render and publish after any input's task.
@@ -465,9 +470,6 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             return task in ("assemble", "render", "publish") or task.startswith(f"{cause}:")
 
         rows = [(task, after) if skipped(task) else (task, outlook) for task, outlook in rows]
-    elif gone:
-        stop = f"would not run: the build stops at {gone[0]}, whose file is gone"
-        rows = [(task, stop if task in ("assemble", "render", "publish") else outlook) for task, outlook in rows]
     elif refusals:
         # assemble raises the first refusal it meets; nothing after it runs.
         task, problem = refusals[0]

@@ -1761,6 +1761,19 @@ def test_a_listed_input_gone_from_the_content_is_named_by_status_and_build(tmp_p
         assert "the manifest lists this file but the package content no longer holds it" in line, line
 
 
+def test_status_with_a_later_step_ignored_still_foretells_the_gone_input(tmp_path):
+    """An ignored render hid the gone input's outcome: status said assemble
+    would run, while the build failed at the input's step (session 24's
+    second re-review)."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("ignore", "render", "case=c1", workspace=ws).returncode == 0
+    (kit.package_dir(ws, "c1") / "content" / "original" / "report-b.json").unlink()
+    outlook = kit.doit("status", "case=c1", workspace=ws).stdout
+    assert "  assemble: would not run: the build stops at read_input:original/report-b.json, whose file is gone" in outlook, outlook
+    assert "  render: ignored (`doit ignore`)" in outlook, outlook
+    _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
+
+
 def test_reopen_and_append_refuse_to_publish_over_a_package_missing_a_listed_file(tmp_path):
     """They read no earlier file, and went on publishing generations over a
     package a copy taken while a command ran had left without its files

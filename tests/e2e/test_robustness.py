@@ -533,22 +533,32 @@ def test_a_build_whose_standard_error_reader_went_away_still_builds(tmp_path):
     assert len(kit.manifests(ws, "c1")) == 2
 
 
-@pytest.mark.parametrize("package", ["pipeline", "contracts"])
-def test_a_package_shadowing_the_builders_is_one_coded_line(tmp_path, package):
+@pytest.mark.parametrize("package, body, named", [
+    ("pipeline", "# another project's\n", "pipeline/__init__.py"),
+    ("contracts", "# another project's\n", "contracts/__init__.py"),
+    ("contracts", "raise ImportError(\"cannot import name 'ArgSpec'\")\n", "ImportError: cannot import name 'ArgSpec'"),  # PyContracts
+    ("pipeline", None, "a folder without __init__.py"),
+])
+def test_a_package_shadowing_the_builders_is_one_coded_line(tmp_path, package, body, named):
     """dodo.py copied into a repository that has a `pipeline` (or
     `contracts`) package of its own, which doit puts first on sys.path: a
-    ModuleNotFoundError traceback with exit 3 (session 24's CI review)."""
+    ModuleNotFoundError traceback with exit 3 (session 24's CI review); also
+    one that fails as it loads, as PyContracts does on Python 3.11."""
     folder = tmp_path / "repo"
     (folder / package).mkdir(parents=True)
-    (folder / package / "__init__.py").write_text("# another project's\n")
+    if body is not None:
+        (folder / package / "__init__.py").write_text(body)
     shutil.copy(REPO / "dodo.py", folder / "dodo.py")
-    result = subprocess.run(["doit", "-f", str(folder / "dodo.py"), "status", "case=c1", f"workspace={tmp_path / 'ws'}"],
-                            capture_output=True, text=True, env=doit_env(), timeout=120, cwd=folder)
+    command = ["doit", "-f", str(folder / "dodo.py"), "status", "case=c1", f"workspace={tmp_path / 'ws'}"]
+    result = subprocess.run(command, capture_output=True, text=True, env=doit_env(), timeout=120, cwd=folder)
     assert result.returncode == 3, (result.returncode, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("UNSUPPORTED_ENVIRONMENT: the builder's packages are shadowed by others of "
                                                    f"the same name ("), lines
-    assert str(folder / package / "__init__.py") in lines[0]
+    assert named in lines[0], lines[0]
+    closed = subprocess.run(command, stdout=subprocess.DEVNULL, env=doit_env(), timeout=120, cwd=folder,
+                            preexec_fn=lambda: os.close(2))
+    assert closed.returncode == 3  # with standard error closed too
     assert not (tmp_path / "ws").exists()
 
 
