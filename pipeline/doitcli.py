@@ -1022,9 +1022,11 @@ def _read_the_dep_file_in_one_query() -> None:
     get_one = SqliteDB._get_task_data
     has_one = SqliteDB.in_
 
-    def __init__(self, name, codec, *, module_name=None):
+    # doit 0.37 passes module_name; 0.36's takes no such argument, so only
+    # what doit gave is handed on.
+    def __init__(self, name, codec, **options):
         try:
-            open_file(self, name, codec, module_name=module_name)
+            open_file(self, name, codec, **options)
         except (DatabaseException, sqlite3.OperationalError) as error:
             # (sqlite's own error when the folder went away meanwhile: the
             # cache deleted while the build starts.)
@@ -1049,7 +1051,7 @@ def _read_the_dep_file_in_one_query() -> None:
                     opened.close()
                 except sqlite3.Error:
                     pass
-            open_file(self, ":memory:", codec, module_name=module_name)
+            open_file(self, ":memory:", codec, **options)
             return
         if not isinstance(getattr(self, "_cache", None), dict) or getattr(self, "_conn", None) is None:
             return
@@ -1069,7 +1071,7 @@ def _read_the_dep_file_in_one_query() -> None:
             for stale in (name, f"{name}-journal", f"{name}-wal", f"{name}-shm"):
                 if os.path.exists(stale):
                     os.unlink(stale)
-            open_file(self, name, codec, module_name=module_name)
+            open_file(self, name, codec, **options)
             rows = []
         # Disposable cache: a file a power cut leaves damaged is discarded by
         # the next build, which then checks every task again. Its save need

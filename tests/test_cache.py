@@ -280,6 +280,32 @@ def test_the_dep_file_is_read_in_one_query_and_answers_as_doit_stored_it(tmp_pat
     assert "read_input:doc/0.json" not in rows and json.loads(rows["read_input:doc/1.json"])["checker:"]["n"] == 1
 
 
+def test_the_one_query_dep_file_opens_under_doit_0_36_signature(tmp_path, monkeypatch):
+    """doit 0.36's SqliteDB takes (name, codec) and no module_name; the
+    adapted class passed module_name always, so every build under doit 0.36
+    (which pyproject allows) ended in a TypeError traceback (session 25's
+    review). Stood in for by a subclass with 0.36's signature."""
+    from doit import dependency
+    from doit.dependency import JSONCodec
+
+    from pipeline.doitcli import _read_the_dep_file_in_one_query
+
+    class SqliteDB036(dependency.SqliteDB):
+        def __init__(self, name, codec):
+            super().__init__(name, codec)
+
+    monkeypatch.setattr(dependency, "SqliteDB", SqliteDB036)
+    _read_the_dep_file_in_one_query()
+    assert getattr(SqliteDB036.__init__, "viano_one_query", False)
+    dep = str(tmp_path / "doit.sqlite3")
+    first = SqliteDB036(dep, codec=JSONCodec())
+    first.set("assemble", "_config_changed", "abc")
+    first.dump()
+    assert SqliteDB036(dep, codec=JSONCodec()).get("assemble", "_config_changed") == "abc"
+    # The fallback to a file in memory, when the folder is gone, too.
+    assert SqliteDB036(str(tmp_path / "gone" / "doit.sqlite3"), codec=JSONCodec()).get("assemble", "x") is None
+
+
 def test_no_cyclic_collection_runs_once_doit_has_loaded_the_dodo_file(tmp_path):
     """Between the steps doit loads and checks hundreds of tasks; collections
     it triggered traversed the build's live objects (~16 ms of an append
