@@ -96,6 +96,7 @@ _MANIFEST_KEYS = frozenset(
 )
 _PROJECT_REQUIRED = ("name", "version")
 _PROJECT_OPTIONAL = ("repository", "revision")
+_NOT_AS_LISTED = "content does not match the manifest's size and SHA-256"
 
 Progress = Callable[[str, int], None]
 
@@ -1045,6 +1046,26 @@ class Package:
             raise CaseBuildError("REFERENCE_UNSAFE", "content path is not a regular file", path=relpath)
         return fd
 
+    def open_problem(self, relpath: str, size: int) -> VianoError | None:
+        """The error reading the listed ``relpath`` (:meth:`read_verified`,
+        :meth:`verify_file`) raises before it hashes a byte: gone, a symlink
+        on the way, not a regular file, not ``size`` bytes; or None. It opens
+        and fstats only, so ``doit status`` can name the refusal a build's
+        step would give without reading (it said "would run", the build
+        failed)."""
+        try:
+            fd = self._open_listed(relpath)
+        except VianoError as error:
+            return error
+        except OSError:
+            return None  # not foreseen: the step itself says what it is
+        try:
+            if os.fstat(fd).st_size != size:
+                return IntegrityError("INTEGRITY_ERROR", _NOT_AS_LISTED, path=relpath)
+        finally:
+            os.close(fd)
+        return None
+
     def read_verified(self, relpath: str, limit: int, *, manifest: dict | None = None) -> bytes:
         """The bytes of ``relpath`` if the manifest lists it and they match its size and SHA-256.
 
@@ -1065,7 +1086,7 @@ class Package:
         finally:
             os.close(fd)
         if data is None or len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise IntegrityError("INTEGRITY_ERROR", "content does not match the manifest's size and SHA-256", path=relpath)
+            raise IntegrityError("INTEGRITY_ERROR", _NOT_AS_LISTED, path=relpath)
         return data
 
     def holds(self, relpath: str, size: int, sha256: str) -> bool:
@@ -1097,7 +1118,7 @@ class Package:
         finally:
             os.close(fd)
         if found != (entry["sha256"], entry["size"]):
-            raise IntegrityError("INTEGRITY_ERROR", "content does not match the manifest's size and SHA-256", path=relpath)
+            raise IntegrityError("INTEGRITY_ERROR", _NOT_AS_LISTED, path=relpath)
         return found
 
 

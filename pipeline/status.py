@@ -14,6 +14,7 @@ from .doitcli import OUTPUT_DIGEST, SOURCE_DIGEST
 from .errors import VianoError
 from .jsoncanon import encode_sorted
 from .plan import check_limits, make_plan, step_id_for
+from .status_damage import damaged_outputs, fail_at_damaged_output, gone, kept_plan, refused_on_opening
 from .workspace_limits import PUBLISHED_CASE_CEILING, PUBLISHED_SUMMARY_CEILING
 
 __all__ = ["build_outlook"]
@@ -101,13 +102,6 @@ _GONE = ("would fail: INTEGRITY_ERROR: the manifest lists this file but the pack
          "(restore the workspace from a copy taken while no command ran)")
 
 
-def _gone(content_dir, path: str, stamp_now) -> bool:
-    """Whether a file the plan reads is gone from the content, which no
-    reading mends (status said it would be verified again, or after a failed
-    build "not read yet"; session 24's reviews)."""
-    return stamp_now is None and not os.path.lexists(os.path.join(content_dir, path))
-
-
 _ATTACHMENTS_IGNORED = "from the prior case, which did not list its attachments: the build keeps it and ignores them with an IGNORED_ATTACHMENTS gap"
 
 
@@ -139,27 +133,15 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict, reused: bool) -> s
     return f"{_FAILS_THE_BUILD}{problem}"
 
 
-def _damaged_outputs(package, plan: dict) -> str | None:
-    """The first published output of the plan's revision whose file is gone or
-    not the size and SHA-256 its manifest says (as a build checks them before
-    it reuses the case), or None."""
-    try:
-        files = package.manifest()["files"]
-    except VianoError:
-        return None  # the manifest itself fails: the rows above say so
-    for key in ("case", "case_summary", "case_built"):
-        path = plan["outputs"][key]
-        entry = files.get(path)
-        if entry is None or not package.holds(path, entry["size"], entry["sha256"]):
-            return path
-    return None
-
-
-def _plan_as_written(package, plan: dict, reused: bool) -> dict:
+def _plan_as_written(cache, package, record, limits, plan: dict, reused: bool) -> dict:
     """The plan as the build's validate_index would write it: a revision
     whose case is reused (confirmed, or published and confirmed by the
     build's roll-forward first) also records the snapshot its case was built
-    from."""
+    from, read from its published case-built.json. Where that cannot be read,
+    validate_index fails with the reason raised here, unless it keeps the
+    cached plan as it is, reading nothing (status said "assemble: would run"
+    and "publish: would fail", while the build failed at validate_index, or
+    skipped assemble, and failed at publish)."""
     if not reused:
         return plan
     from .build import _confirmed_snapshot_generation
@@ -167,7 +149,10 @@ def _plan_as_written(package, plan: dict, reused: bool) -> dict:
     try:
         return {**plan, "snapshot_generation": _confirmed_snapshot_generation(package, plan)}
     except VianoError:
-        return plan  # the publish row says what is wrong with the confirmed outputs
+        kept = kept_plan(cache, package, record, limits)
+        if kept is None:
+            raise
+        return kept
 
 
 def _file_state(data: bytes) -> list:
@@ -295,16 +280,28 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     published = _unconfirmed_publication(package, record, plan) if confirmed is None else None
     reused = published is not None or (confirmed is not None and confirmed.request_hash == plan["request_hash"])
     stamps = read_content_stamps(cache)
+    try:
+        written = _plan_as_written(cache, package, record, limits, plan, reused)
+    except VianoError as error:
+        rows.append(("validate_index", f"would fail: {error}"))
+        return rows
     now = content_stamps_now(os.fspath(package.content_dir), [*(d["path"] for d in plan["documents"]), *(r["path"] for r in plan["opaque"])])
     refusals = []  # (task, problem) of each input whose cached refusal stops the build at assemble
-    gone = []  # the tasks of inputs gone from the content, which stop the build before assemble
+    # (task, why) of each input whose own step fails (gone, or refused as it
+    # is opened), which stops the build before assemble; in task order.
+    stops = []
     for doc in plan["documents"]:
         over = over_read_bound(doc["size"], plan["limits"]["document_bytes"], reusing)
         input_record = cache.input_record(doc["path"], doc["sha256"], doc["contract"], plan["limits"]["inline_fact_value"], over)
         task = f"read_input:{subtask_name(doc['path'])}"
-        if _gone(package.content_dir, doc["path"], now[doc["path"]]):
-            gone.append(task)
+        if gone(package.content_dir, doc["path"], now[doc["path"]]):
+            stops.append((task, "whose file is gone"))
             rows.append((task, _GONE))
+            continue
+        refused = refused_on_opening(package, doc, now[doc["path"]])
+        if refused is not None:
+            stops.append((task, "which refuses its file"))
+            rows.append((task, f"would fail: {refused}"))
             continue
         outlook = _read_input_outlook(cache, input_record, doc, reused) if input_record.exists() else None
         if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
@@ -320,16 +317,20 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             outlook = _read_input_outlook(cache, input_record, doc, reused)
         rows.append((task, outlook))
     for ref in plan["opaque"]:
-        if _gone(package.content_dir, ref["path"], now[ref["path"]]):
-            gone.append(f"hash_context:{subtask_name(ref['path'])}")
+        task = f"hash_context:{subtask_name(ref['path'])}"
+        if gone(package.content_dir, ref["path"], now[ref["path"]]):
+            stops.append((task, "whose file is gone"))
             outlook = _GONE
+        elif (refused := refused_on_opening(package, ref, now[ref["path"]])) is not None:
+            stops.append((task, "which refuses its file"))
+            outlook = f"would fail: {refused}"
         elif not cache.opaque(ref["path"], ref["sha256"], ref["size"]).exists():
             outlook = "would run: not hashed yet (new file, or the cache was cleared)"
         elif stamps.get(ref["path"]) != now[ref["path"]]:
             outlook = _VERIFY_AGAIN
         else:
             outlook = "up to date"
-        rows.append((f"hash_context:{subtask_name(ref['path'])}", outlook))
+        rows.append((task, outlook))
     try:
         cached_plan = cache.read_plan() if cache.plan.exists() else None
     except (OSError, VianoError):
@@ -355,7 +356,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     # limits in force among them), and a build stopped after planning leaves
     # a new plan that assemble never ran on: so the plan validate_index would
     # write now is compared with doit's record, not with the cached file.
-    plan_state = _file_state(encode_sorted(_plan_as_written(package, plan, reused)))
+    plan_state = _file_state(encode_sorted(written))
     subtasks = tuple(task for task, _ in rows if task.startswith(("read_input:", "hash_context:")))
     gates = ("validate_index", "read_input", "hash_context")  # what the later steps wait for
     records = cache.doit_records(("assemble", "render", "publish", *gates, *subtasks))
@@ -369,7 +370,7 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     summary_cut = records is not None and _not_as_written(records.get("render"), summary_state)
     if records is None:
         # doit's record unreadable: judge by the cached plan file alone.
-        plan_changed = same_inputs and not plan_unreadable and cached_plan != _plan_as_written(package, plan, reused)
+        plan_changed = same_inputs and not plan_unreadable and cached_plan != written
         assemble_why = "plan" if plan_changed else None
         render_why = None
         publish_why = "plan" if plan_changed else None
@@ -437,21 +438,22 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
     elif confirmed is None:
         rows.append(("publish", f"would run: no confirmed case for {plan['step_id']}"))
     elif confirmed.request_hash == plan["request_hash"]:
-        damaged = _damaged_outputs(package, plan)
-        if damaged:
-            rows.append(("publish", f"would fail: the confirmed {damaged} is missing or changed in the package content"))
-        elif publish_why is not None:
+        if publish_why is not None:
             why = "the plan changed" if publish_why in (plan_path, "plan") else reasons.get(publish_why, publish_why)
             rows.append(("publish", f"would run: {why}; reuses {plan['step_id']}, confirmed for these inputs (no new generation)"))
         else:
             rows.append(("publish", f"up to date: {plan['step_id']} confirmed for these inputs (reuse, no new generation)"))
     else:
         rows.append(("publish", "would fail: REOPEN_REQUIRED (inputs changed after the case was confirmed)"))
+    if reused:
+        # A damaged published output stops a reuse at the first step taking it.
+        rows = fail_at_damaged_output(rows, damaged_outputs(package, plan))
     ignored = [task for task in (*gates, *subtasks, "assemble", "render") if records and (records.get(task) or {}).get("ignore:")]
-    if gone and not (ignored and (ignored[0] == "validate_index" or gone[0] == ignored[0] or gone[0].startswith(f"{ignored[0]}:"))):
-        # The gone file's own step runs (nothing before it is ignored) and
+    first = stops[0][0] if stops else None
+    if stops and not (ignored and (ignored[0] == "validate_index" or first == ignored[0] or first.startswith(f"{ignored[0]}:"))):
+        # The failing file's own step runs (nothing before it is ignored) and
         # fails the build there, whatever is ignored after it.
-        stop = f"would not run: the build stops at {gone[0]}, whose file is gone"
+        stop = f"would not run: the build stops at {first}, {stops[0][1]}"
         rows = [(task, stop if task in ("assemble", "render", "publish") else outlook) for task, outlook in rows]
     elif ignored:
         # doit skips the tasks that wait for an ignored one as well: every
