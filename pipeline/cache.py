@@ -207,6 +207,9 @@ class BuildCache:
     def manifest_record(self, sha256: str) -> Path:
         return Path(f"{self._documents}/{sha256}.manifest.msgpack")
 
+    def manifest_outline_record(self, sha256: str) -> Path:
+        return Path(f"{self._documents}/{sha256}.manifest-outline.msgpack")
+
     def opaque(self, path: str, sha256: str, size: int) -> Path:
         return Path(self.opaque_name(path, sha256, size))
 
@@ -480,6 +483,19 @@ def _json_decoder():
     return json.loads if msgspec is None else msgspec.json.decode
 
 
+def _shaped_as_an_outline(outline: dict) -> bool:
+    """Whether a cached record has an outline's shape (a forged or buggy one
+    is made again from the manifest's bytes, never a traceback)."""
+    artifacts = outline.get("artifacts")
+    return (
+        set(outline) == {"package_generation", "case_id", "package_id", "analysis_revision", "artifacts"}
+        and all(type(outline[key]) is int for key in ("package_generation", "analysis_revision"))
+        and all(type(outline[key]) is str for key in ("case_id", "package_id"))
+        and type(artifacts) is dict
+        and all(type(key) is str and type(value) is str for key, value in artifacts.items())
+    )
+
+
 def _shaped_as_a_manifest(manifest: dict) -> bool:
     """Whether a cached record has the stored manifest's shape, as its Struct
     decides (in C, a fraction of the full check it stands for)."""
@@ -523,6 +539,22 @@ class ParsedManifests:
             self._damaged.add(sha256)
             return None
         return manifest
+
+    def get_outline(self, sha256: str) -> dict | None:
+        """A manifest's outline (:func:`pipeline.packages.outline_of`), or None."""
+        try:
+            outline = self.cache.read_msgpack(self.cache.manifest_outline_record(sha256), dict)
+        except (OSError, IntegrityError):
+            return None  # made again from the manifest, and written again
+        return outline if _shaped_as_an_outline(outline) else None
+
+    def put_outline(self, sha256: str, outline: dict) -> None:
+        if not self.keep_loaded:
+            return
+        try:
+            self.cache.write_msgpack(self.cache.manifest_outline_record(sha256), outline)
+        except OSError:
+            pass
 
     def put(self, sha256: str, manifest: dict, *, published: bool = False) -> None:
         if not (published or self.keep_loaded):

@@ -516,7 +516,12 @@ def make_plan(
     """
     # Read only, here and in plan_from_manifests (the plan shares their file
     # entries, and nothing changes a plan's nested values after it is made).
-    manifests = [package.manifest(g, copy=False) for g in range(1, snapshot_generation + 1)]
+    # Of the generations before the snapshot only their outlines are read
+    # (revision and artifacts): their file entries grew a long-lived case's
+    # planning by generations x files.
+    manifests = [package.manifest_outline(g) for g in range(1, snapshot_generation)]
+    if snapshot_generation >= 1:
+        manifests.append(package.manifest(snapshot_generation, copy=False))
     if proposed is not None:
         manifests.append(proposed[0])
     snapshot = manifests[-1]

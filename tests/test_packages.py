@@ -1220,3 +1220,45 @@ def test_a_listed_file_gone_from_the_content_is_the_workspaces_damage(pkg):
     with pytest.raises(VianoError) as info:
         pkg.read_verified("original/never-listed", 100)
     assert info.value.code == "REFERENCE_MISSING"
+
+
+def test_planning_a_long_lived_package_keeps_one_generations_file_entries(ws):
+    """Planning reads every generation's manifest, and kept each whole: a
+    case of 300 reopen/append/build cycles (900 manifests of ~1,800 entries)
+    held 400 MB while planning, and met MemoryError under a cap (session
+    25's review). Earlier generations are read for their outlines only."""
+    import tracemalloc
+
+    from pipeline.limits import CaseBuilderLimits
+    from pipeline.plan import make_plan
+
+    package = Package(ws, "case-1", "pkg-1")
+    PackageWriter(package).publish(0, {f"original/logs/{n:04d}.log": b"x%d\n" % n for n in range(400)},
+                                   project=PROJECT, analysis_revision=1)
+    for generation in range(1, 121):
+        PackageWriter(package).publish(generation, {f"original/more/{generation:04d}.log": b"y\n"})
+
+    def peak_of(work):
+        tracemalloc.start()
+        try:
+            work()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    one_manifest = peak_of(lambda: Package(ws, "case-1", "pkg-1").manifest(121, copy=False))
+    fresh = Package(ws, "case-1", "pkg-1")
+    plans = []
+    planning = peak_of(lambda: plans.append(make_plan(fresh, 121, CaseBuilderLimits(), read_index=None, read_prior_case=None,
+                                                      enforce_limits=False)))
+    assert len(plans[0]["opaque"]) == 520 and plans[0]["snapshot_generation"] == 121
+    # Kept whole, the 121 manifests peaked at 19 x one; their outlines at 1.1 x.
+    assert planning < 4 * one_manifest, (planning, one_manifest)
+    # An earlier manifest is still checked as it is read for its outline.
+    forged = pretty_bytes({**fresh.manifest(5), "case_id": "case-2"})
+    os.chmod(fresh.manifests_dir / "000005.json", 0o644)
+    (fresh.manifests_dir / "000005.json").write_bytes(forged)
+    with pytest.raises(VianoError) as refused:
+        make_plan(Package(ws, "case-1", "pkg-1"), 121, CaseBuilderLimits(), read_index=None, read_prior_case=None,
+                  enforce_limits=False)
+    assert refused.value.code == "INTEGRITY_ERROR" and "does not belong here" in refused.value.message
