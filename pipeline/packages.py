@@ -88,7 +88,9 @@ MANIFEST_FORMAT = "viano-package"
 PUBLISH_LOCK_TIMEOUT = 60.0
 ARTIFACT_KEYS = ("case_inputs", "case", "case_summary")
 
-_MANIFEST_RE = re.compile(r"(\d{6})\.json")
+# Six digits, zero-padded; from generation 1,000,000 on, as many as it takes
+# (it was invisible there, so the package could never move past 999,999).
+_MANIFEST_RE = re.compile(r"(\d{6}|[1-9]\d{6,})\.json")
 _TEMP_RE = re.compile(r"\.tmp-(\d+)-[0-9a-f]{16}")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_KEYS = frozenset(
@@ -102,7 +104,8 @@ Progress = Callable[[str, int], None]
 
 
 def manifest_name(generation: int) -> str:
-    """File name of a generation's manifest: six digits, ``000001.json``."""
+    """File name of a generation's manifest: six digits, ``000001.json``
+    (more from generation 1,000,000 on)."""
     return f"{generation:06d}.json"
 
 

@@ -1262,3 +1262,16 @@ def test_planning_a_long_lived_package_keeps_one_generations_file_entries(ws):
         make_plan(Package(ws, "case-1", "pkg-1"), 121, CaseBuilderLimits(), read_index=None, read_prior_case=None,
                   enforce_limits=False)
     assert refused.value.code == "INTEGRITY_ERROR" and "does not belong here" in refused.value.message
+
+
+def test_every_generations_manifest_name_is_read_back_as_that_generation():
+    """From generation 1,000,000 on, manifest_name gives seven digits, which
+    the six-digit pattern did not take: the package would have stood still
+    at 999,999 (session 25's review)."""
+    from pipeline.packages import _MANIFEST_RE, manifest_name
+
+    for generation in (1, 42, 999_999, 1_000_000, 12_345_678):
+        found = _MANIFEST_RE.fullmatch(manifest_name(generation))
+        assert found is not None and int(found.group(1)) == generation
+    for other in ("0000001.json", "00001.json", "1.json", "000001.json.tmp", "-00001.json"):
+        assert _MANIFEST_RE.fullmatch(other) is None, other
