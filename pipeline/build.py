@@ -1610,13 +1610,17 @@ def leave_prior_view(ws, case_id: str, package) -> None:
         if entry is None:
             return
         cache = case_cache(ws, case_id)
-        if cache.prior_view(path, entry["sha256"]).exists():
-            return
-        from .workspace_limits import read_workspace_limits
+        view = cache.prior_view(path, entry["sha256"])
+        if not view.exists():
+            from .workspace_limits import read_workspace_limits
 
-        limits = read_workspace_limits(ws.root).case_builder
-        _read_index, read_prior_case = document_readers(package, limits, relaxed=True, cache=cache)
-        read_prior_case({"path": path, "sha256": entry["sha256"], "size": entry["size"]}, manifest)
+            limits = read_workspace_limits(ws.root).case_builder
+            _read_index, read_prior_case = document_readers(package, limits, relaxed=True, cache=cache)
+            read_prior_case({"path": path, "sha256": entry["sha256"], "size": entry["size"]}, manifest)
+        if view.exists():
+            # The new revision's builds read this one; the earlier revisions'
+            # views are never read again.
+            cache.remove_other_prior_views(view)
     except (OSError, VianoError):
         pass
 

@@ -174,6 +174,14 @@ class BuildCache:
         """Where planning leaves a prior case's view (:mod:`pipeline.prior`)."""
         return Path(f"{self._documents}/{sha256}.case-view.{_path_key(path)}.json")
 
+    def remove_other_prior_views(self, kept: Path) -> None:
+        """Every prior case's view but ``kept``: a revision's builds read the
+        view of the one case before it, and one view a revision stayed
+        behind (43 MB of them at 300 reopen/append/build cycles)."""
+        for stale in Path(self._documents).glob("*.case-view.*.json"):
+            if stale.name != kept.name:
+                stale.unlink(missing_ok=True)
+
     def input_record(self, path: str, sha256: str, contract: str, inline_fact_value: int, over_limit: bool = False) -> Path:
         """Where ``read_input`` leaves one structured input: the parsed document,
         or for reports and reproductions their fragment (see
