@@ -321,6 +321,12 @@ def guarded(target: str, *args, **kwargs):
         # The environment failed (disk full, permissions, a path that is not a
         # directory): still one line with a code, never a traceback.
         return TaskFailed(io_error_line(error))
+    except MemoryError:
+        # Under a memory cap (ulimit -v, a container's limit) Python's
+        # traceback was the last word. What was published stands: every
+        # publication is linked into place whole.
+        return TaskFailed("OUT_OF_MEMORY: the command ran out of memory; what it had published stands and nothing is "
+                          "left half-written: run it again with more memory (a higher ulimit -v or container limit)")
     finally:
         if collecting:
             gc.enable()

@@ -36,6 +36,7 @@ ERROR_CODES: dict[str, str] = {
     "INSUFFICIENT_DISK": "not enough free disk space for the admission",
     "IO_ERROR": "an operating-system I/O operation (write, fsync, link) failed, or a store or case lock this user may not write is refused before anything is written",
     "INTERRUPTED": "the command was stopped (Ctrl-C); nothing is left half-written, and the next command takes in what it had published",
+    "OUT_OF_MEMORY": "the command ran out of memory (a memory cap such as ulimit -v or a container's limit); what it had published stands, nothing is left half-written, and the same command can be run again with more memory",
     "UNSUPPORTED_ENVIRONMENT": "Python's file-system encoding is not UTF-8 (a non-UTF-8 locale, or PYTHONUTF8=0 under the C locale): file names could not be kept as packages name them; or other packages named pipeline or contracts shadow the builder's (said by the dodo file, exit status 3)",
     # archive admission (RELIABILITY.md 1-17)
     "ZIP_INVALID": "not a ZIP archive, truncated, junk around it, or headers that disagree",

@@ -578,3 +578,28 @@ def test_a_build_started_with_standard_error_closed_still_builds(tmp_path):
     refused = subprocess.run([*command[:-2], "status", "case=nosuch", f"workspace={ws}"], stdout=subprocess.PIPE,
                              env=doit_env(), timeout=120, preexec_fn=lambda: os.close(2))
     assert refused.returncode == 1  # the coded line has nowhere to go; the status stays
+
+
+def test_a_build_that_runs_out_of_memory_says_so_in_one_coded_line_and_publishes_nothing(tmp_path):
+    """Under a memory cap (ulimit -v, a container's limit) a command ended in
+    Python's MemoryError traceback (session 25's review of a long-lived
+    case). The cap here is set as assemble starts (tests/procs), so the
+    step's real allocations meet it."""
+    observations = [{"text": f"Observation {n} " + "word " * 30} for n in range(5000)]
+    source = kit.make_package(tmp_path / "src", files={"original/report-a.json": kit.report("Big", observations=observations)},
+                              index=kit.index(reports=["original/report-a.json"]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    capped = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_out_of_memory.py"), "-f", str(REPO / "dodo.py"), "-d", str(REPO),
+         "build", "case=c1", f"workspace={ws}"],
+        capture_output=True, text=True, env=doit_env(), timeout=120,
+    )
+    assert capped.returncode == 1, capped.stderr
+    assert capped.stderr.splitlines()[-1] == (
+        "OUT_OF_MEMORY: the command ran out of memory; what it had published stands and nothing is left half-written: "
+        "run it again with more memory (a higher ulimit -v or container limit)"), capped.stderr
+    assert "Traceback" not in capped.stderr and ".  assemble" in capped.stderr
+    assert len(kit.manifests(ws, "c1")) == 1
+    again = kit.doit("build", "case=c1", workspace=ws)
+    assert again.returncode == 0 and "confirmed at generation 2" in again.stdout, again.stderr
