@@ -121,6 +121,16 @@ def index(reports=(), reproductions=(), runtime=(), database=(), source=(), rese
     return body
 
 
+def doit_through(proc: str, *args: str, workspace: Path, timeout=120) -> subprocess.CompletedProcess:
+    """The real doit command line run by ``tests/procs/PROC``, a wrapper that
+    changes something in the builder first."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "tests" / "procs" / proc), "-f", str(REPO / "dodo.py"), "-d", str(REPO), *args,
+         f"workspace={workspace}"],
+        capture_output=True, text=True, env=doit_env(), timeout=timeout,
+    )
+
+
 def doit(*args: str, workspace: Path, env_extra: dict | None = None, timeout=120, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run the real doit command from the repository."""
     env = doit_env(**(env_extra or {}))

@@ -1287,11 +1287,7 @@ def test_status_agrees_with_the_build_on_a_summary_kept_from_an_older_builder(tm
     every build said up to date (session 24's re-review)."""
     ws = tmp_path / "ws"
     assert kit.doit("admit", "case=c1", f"source={standard_package(tmp_path / 'pkg')}", workspace=ws).returncode == 0
-    older = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "procs" / "doit_older_summary.py"), "-f", str(REPO / "dodo.py"), "-d", str(REPO),
-         "build", "case=c1", f"workspace={ws}"],
-        capture_output=True, text=True, env=doit_env(), timeout=120,
-    )
+    older = kit.doit_through("doit_older_summary.py", "build", "case=c1", workspace=ws)
     assert older.returncode == 0, older.stderr
     status = kit.doit("status", "case=c1", workspace=ws)
     assert status.returncode == 0, status.stderr

@@ -590,11 +590,7 @@ def test_a_build_that_runs_out_of_memory_says_so_in_one_coded_line_and_publishes
                               index=kit.index(reports=["original/report-a.json"]))
     ws = tmp_path / "ws"
     assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
-    capped = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "procs" / "doit_out_of_memory.py"), "-f", str(REPO / "dodo.py"), "-d", str(REPO),
-         "build", "case=c1", f"workspace={ws}"],
-        capture_output=True, text=True, env=doit_env(), timeout=120,
-    )
+    capped = kit.doit_through("doit_out_of_memory.py", "build", "case=c1", workspace=ws)
     assert capped.returncode == 1, capped.stderr
     assert capped.stderr.splitlines()[-1] == (
         "OUT_OF_MEMORY: the command ran out of memory; what it had published stands and nothing is left half-written: "
