@@ -437,12 +437,9 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                         prior is None or cache.prior_view(prior["path"], prior["sha256"]).exists()
                     ):
                         return plan
-                already_confirmed = store.confirmed(case_id, step_id_for(record.analysis_revision)) is not None
-                read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed, cache=cache)
-                plan = make_plan(
-                    package, record.generation, limits,
-                    read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
-                )
+                plan = _planned_ahead(cache, key, content_dir, stamps)
+                if plan is None:
+                    plan = _fresh_plan(store, package, record, cache, limits)
                 confirmed = store.confirmed(case_id, plan["step_id"])
                 if confirmed is not None and confirmed.request_hash != plan["request_hash"]:
                     raise CaseBuildError(
@@ -485,6 +482,69 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
         store.close()
     return plan
 
+
+
+def _fresh_plan(store, package, record, cache: BuildCache, limits: CaseBuilderLimits) -> dict:
+    """Plan the build of ``record``'s snapshot from the package itself."""
+    already_confirmed = store.confirmed(record.case_id, step_id_for(record.analysis_revision)) is not None
+    read_index, read_prior_case = document_readers(package, limits, relaxed=already_confirmed, cache=cache)
+    return make_plan(
+        package, record.generation, limits,
+        read_index=read_index, read_prior_case=read_prior_case, enforce_limits=False,
+    )
+
+
+# ``doit append`` plans the build it calls for while it still holds the case
+# lock (:func:`plan_ahead`), and validate_index takes that plan when nothing
+# it derives from changed since (the same key as its own cached plan: code,
+# store record, snapshot manifest bytes, limits; the same content stamps).
+# Planning reads every manifest, the indexes and the prior case's view: an
+# append rebuild's largest step after the new document's own reading, and
+# the append already had all of it at hand. The record is kept apart from
+# the plan and the store state: those name the plan of the last build, which
+# ``doit -s build`` and publication check the package against.
+
+
+def plan_ahead(ws, case_id: str, store, limits: CaseBuilderLimits) -> None:
+    """Leave the plan of the next build of ``case_id`` in its cache. Called
+    with the case lock held, after a generation was published and recorded.
+    Only a cache record: any problem (which the build then reports) leaves
+    none, and the build plans as it would have."""
+    try:
+        cache = case_cache(ws, case_id)
+    except (VianoError, OSError):
+        return
+    try:
+        record = store.get(case_id)
+        package = _package(ws, case_id, record.package_id, cache)
+        if record.state == "BLOCKED" or record.generation != package.current_generation():
+            return
+        plan = _fresh_plan(store, package, record, cache, limits)
+        stamps = read_content_stamps(cache)
+        recorded = dict(stamps)
+        _forget_changed_content(cache, os.fspath(package.content_dir), plan, stamps)
+        _keep_content_stamps(cache, plan, stamps, recorded)
+        cache.write_json(cache.plan_ahead, {"plan_key": _plan_key(package, record, limits), "plan": plan})
+    except (VianoError, OSError, ValueError):
+        with contextlib.suppress(OSError):
+            cache.plan_ahead.unlink(missing_ok=True)
+
+
+def _planned_ahead(cache: BuildCache, key: str, content_dir: str, stamps: dict) -> dict | None:
+    """The plan :func:`plan_ahead` left for the store record and package as
+    they stand now (``key``), unless a file it relies on moved since."""
+    try:
+        ahead = cache.read_json(cache.plan_ahead)
+    except (OSError, ValueError, VianoError):
+        return None
+    if not isinstance(ahead, dict) or ahead.get("plan_key") != key or not isinstance(ahead.get("plan"), dict):
+        return None
+    plan = ahead["plan"]
+    prior = plan["prior_case"]
+    if _forget_changed_content(cache, content_dir, plan, stamps) or (
+            prior is not None and not cache.prior_view(prior["path"], prior["sha256"]).exists()):
+        return None
+    return plan
 
 # Content is immutable, and each record derived from a content file (a read
 # input, an opaque REF, a prior case's view) is named by that file's sha256,

@@ -148,6 +148,11 @@ class BuildCache:
         return self.root / "store-state.json"
 
     @property
+    def plan_ahead(self) -> Path:
+        """The plan ``doit append`` leaves for the build after it (pipeline.build.plan_ahead)."""
+        return self.root / "plan-ahead.json"
+
+    @property
     def content_stamps(self) -> Path:
         """The size, mtime and type of each content file the plan relies on, as
         they stood when its records were last trusted (pipeline.build)."""

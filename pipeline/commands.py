@@ -175,6 +175,7 @@ def cmd_admit(case=None, source=None, workspace=None) -> None:
 @_coded
 def cmd_append(case=None, source=None, workspace=None) -> None:
     """Add new files and a returning case-inputs index as a new generation."""
+    from .build import plan_ahead
     from .intake import read_append_source, refuse_source_holding
     from .packages import PackageWriter
     from .plan import step_id_for
@@ -249,6 +250,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                         new_generation=new_manifest["package_generation"],
                         manifest_sha256=package.manifest_sha256(new_manifest["package_generation"]),
                     )
+                plan_ahead(ws, case_id, store, limits)
             finally:
                 staged.cleanup()
     finally:

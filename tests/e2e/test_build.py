@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -784,6 +785,64 @@ def test_publication_leaves_the_plan_current_for_the_next_build(tmp_path, admitt
     assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
     _assert_planned_once(ws)
 
+
+
+def test_the_build_after_an_append_takes_the_plan_the_append_left(tmp_path, admitted):
+    """``doit append`` plans the build it calls for; that build plans
+    nothing, and its plan and outputs are byte for byte what planning anew gives."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "app", "original/report-y.json")
+    fresh = tmp_path / "fresh"
+    shutil.copytree(ws, fresh, symlinks=True)
+    (fresh / ".cache" / "c1" / "plan-ahead.json").unlink()
+    built = kit.doit_through("doit_without_planning.py", "build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
+    assert kit.doit_through("doit_without_planning.py", "build", "case=c1", workspace=fresh).returncode != 0
+    replanned = kit.doit("build", "case=c1", workspace=fresh)
+    assert replanned.returncode == 0, replanned.stderr
+    assert _plan_records(ws)["plan.json"][1] == _plan_records(fresh)["plan.json"][1]
+    revision = kit.package_dir(ws, "c1").relative_to(ws) / "content/case/revisions/0002"
+    for name in ("case.json", "case_summary.md", "case-built.json"):
+        assert (ws / revision / name).read_bytes() == (fresh / revision / name).read_bytes(), name
+    _assert_planned_once(ws)
+
+
+@pytest.mark.parametrize("change", ["limits", "index touched", "prior case touched", "record damaged", "another append"])
+def test_a_plan_left_by_an_append_is_not_taken_once_what_it_derives_from_changed(tmp_path, admitted, change):
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    _reopen_and_append_a_report(ws, tmp_path / "app", "original/report-y.json")
+    content = kit.package_dir(ws, "c1") / "content"
+    ahead = ws / ".cache" / "c1" / "plan-ahead.json"
+    assert ahead.is_file()
+    if change == "limits":
+        kit.write_json(ws / "limits.json", {"format": "viano-workspace-limits", "format_version": 1,
+                                            "case_builder": {"inline_fact_value": 20000}})
+    elif change == "index touched":
+        index = max(content.glob("inputs/*/case-inputs.json"), key=lambda path: int(path.parent.name))
+        os.utime(index, ns=(index.stat().st_atime_ns, index.stat().st_mtime_ns + 10**9))
+    elif change == "prior case touched":
+        prior = content / "case/revisions/0001/case.json"
+        os.utime(prior, ns=(prior.stat().st_atime_ns, prior.stat().st_mtime_ns + 10**9))
+    elif change == "record damaged":
+        data = bytearray(ahead.read_bytes())
+        data[len(data) // 2] ^= 1
+        ahead.write_bytes(bytes(data))
+    else:
+        extra = kit.make_append(tmp_path / "app2", files={"original/report-z.json": kit.report("Later still")},
+                                index=kit.index(reports=["original/report-z.json"]))
+        ahead.rename(tmp_path / "kept")
+        assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+        (tmp_path / "kept").replace(ahead)  # the first append's plan, for a package that moved on
+    unplanned = kit.doit_through("doit_without_planning.py", "build", "case=c1", workspace=ws)
+    assert unplanned.returncode != 0 and "PLANNED_FROM_THE_PACKAGE" in unplanned.stderr, unplanned.stderr
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    case = _case(ws, revision=2)
+    assert any(ref["path"] == "original/report-y.json" for ref in case["inputs"]["reports"])
+    if change == "another append":
+        assert any(ref["path"] == "original/report-z.json" for ref in case["inputs"]["reports"])
 
 def test_a_repeated_append_changes_nothing(tmp_path, admitted):
     """A retried append (the same index and files) publishes no generation;
