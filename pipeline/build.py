@@ -48,6 +48,16 @@ __all__ = [
 
 _HELD: dict[tuple[str, str], object] = {}
 
+# The store a doit run's validate_index opened, kept open for its publish
+# (by workspace and case): opening the store checks it and starts a WAL
+# session, and closing it checkpoints and removes the WAL (two fsyncs), a
+# few milliseconds of an append rebuild each. Only in the main thread of a
+# run that holds the case lock for its lifetime (the doit command line), so
+# nothing else can change the store in between; closed before this process
+# forks (a child must never use or close its parent's connection: SQLite's
+# locks are the process's) and before the case lock is left at exit.
+_RUN_STORES: dict[tuple[str, str], object] = {}
+
 # The case assemble built in this process, with the bytes it wrote: render
 # and publish run right after it in the same doit process, and decoding
 # megabytes of JSON back into the very same dict costs each of them
@@ -200,6 +210,35 @@ def hold_case_lock(ws, case_id: str, timeout: float = 60.0) -> None:
     _HELD[key] = manager
 
 
+def _keep_for_the_run(ws, case_id: str, store) -> bool:
+    """Keep ``store`` open for the run's next step, where that is safe; whether it was kept."""
+    key = (str(ws.root), case_id)
+    if key not in _HELD or threading.current_thread() is not threading.main_thread():
+        return False
+    earlier = _RUN_STORES.pop(key, None)
+    if earlier is not None and earlier is not store:
+        earlier.close()
+    _RUN_STORES[key] = store
+    return True
+
+
+def _store_kept_for_the_run(ws, case_id: str):
+    """The store validate_index kept open for this step, or a new one."""
+    key = (str(ws.root), case_id)
+    if key in _HELD and threading.current_thread() is threading.main_thread():
+        kept = _RUN_STORES.pop(key, None)
+        if kept is not None:
+            return kept
+    return _store(ws)
+
+
+def _close_run_stores() -> None:
+    while _RUN_STORES:
+        _key, store = _RUN_STORES.popitem()
+        with contextlib.suppress(Exception):
+            store.close()
+
+
 def _release_held_locks() -> None:
     """Leave the locks :func:`hold_case_lock` took, at exit: while the modules
     are intact. doit runs freeze what is alive at exit
@@ -208,6 +247,7 @@ def _release_held_locks() -> None:
     closed while module globals were being cleared (in some teardown orders
     after ``_leave_held`` was gone), printing an 'Exception ignored'
     traceback. The kernel drops the flock at exit either way."""
+    _close_run_stores()
     while _HELD:
         _key, manager = _HELD.popitem()
         try:
@@ -255,7 +295,7 @@ def _start_afresh_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_start_afresh_in_child)
+    os.register_at_fork(before=_close_run_stores, after_in_child=_start_afresh_in_child)
 
 
 @contextlib.contextmanager
@@ -406,6 +446,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
 
         limits = read_workspace_limits(ws.root).case_builder
     store = open_existing_store(ws, case_id)
+    kept = False
     try:
         lock_if_not_held_by_the_run(ws, case_id)
         with _locked(ws, case_id):
@@ -478,8 +519,10 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     {"store_generation": record.generation, "plan_key": _plan_key(package, record, limits), "reuse": reuse,
                      "plan_sha256": sha256_hex(plan_bytes)},
                 )
+                kept = not reuse and _keep_for_the_run(ws, case_id, store)
     finally:
-        store.close()
+        if not kept:
+            store.close()
     return plan
 
 
@@ -1517,7 +1560,7 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
     outputs = plan["outputs"]
     with _locked(ws, case_id):
-        store = _store(ws)
+        store = _store_kept_for_the_run(ws, case_id)
         try:
             package = _package(ws, case_id, plan["package_id"], cache)
             record = roll_forward(store, package, case_id)
