@@ -678,6 +678,51 @@ def _publish_content(
         return mine
 
 
+
+#: How many new files of one folder are written side by side at most: a
+#: build publishes three (case.json, its summary, case-built.json).
+_SIDE_BY_SIDE = 4
+
+
+def _side_by_side(members) -> bool:
+    """Whether a folder's new files are a build's few outputs, held in memory."""
+    return 1 < len(members) <= _SIDE_BY_SIDE and all(type(source) is bytes for _, source in members)
+
+
+def _publish_side_by_side(dir_fd: int, members) -> dict[str, tuple[str, int]]:
+    """:func:`_publish_content` for each of a few in-memory files of one
+    folder, each in a thread of its own, so that their fsyncs overlap: one
+    after the other they cost an append rebuild a journal commit each (~1-2
+    ms here). Each file is still fsynced before it is linked, and the folder
+    after them all, before any manifest names them. A failure is the first
+    member's in order, raised once every thread is done (a file another
+    thread linked meanwhile is unpublished content, as one linked before a
+    failure always was: adopted or removed by the next attempt)."""
+    import threading
+
+    outcomes: list = [None] * len(members)
+
+    def publish(at: int, relpath: str, source: bytes) -> None:
+        try:
+            outcomes[at] = _publish_content(dir_fd, relpath.rpartition("/")[2], source, label=relpath, sync_folder=False)
+        except BaseException as error:  # handed to the publishing thread, which raises it
+            outcomes[at] = error
+
+    threads = [threading.Thread(target=publish, args=(at, relpath, source), daemon=True)
+               for at, (relpath, source) in enumerate(members[1:], start=1)]
+    for thread in threads:
+        thread.start()
+    publish(0, *members[0])
+    # Every thread ends before the folder's descriptor can be closed (or its
+    # number reused), Ctrl-C or not; an interrupt is raised after.
+    interrupted = despite_interrupts(lambda: [thread.join() for thread in threads])
+    if interrupted is not None:
+        raise interrupted
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return {relpath: outcome for (relpath, _), outcome in zip(members, outcomes)}
+
 def _folders_of(files) -> set[str]:
     """Every folder that holds, at any depth, one of ``files`` (content paths)."""
     folders = set()
@@ -1388,9 +1433,12 @@ class PackageWriter:
                             known_folders = _folders_of(base["files"])
                         if deepest not in known_folders:
                             unsure.add(deepest)
-                    for relpath, source in members:
-                        name = relpath.rpartition("/")[2]
-                        hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress, sync_folder=False)
+                    if _side_by_side(members):
+                        hashes.update(_publish_side_by_side(dir_fd, members))
+                    else:
+                        for relpath, source in members:
+                            name = relpath.rpartition("/")[2]
+                            hashes[relpath] = _publish_content(dir_fd, name, source, label=relpath, progress=progress, sync_folder=False)
                     _fsync_after_publishing(dir_fd, members[-1][0])
                 finally:
                     os.close(dir_fd)

@@ -147,11 +147,63 @@ def test_files_into_one_folder_are_each_fsynced_before_their_link_and_the_folder
     manifest_link = next(i for i, event in enumerate(events) if event == ("link", "000002.json"))
     assert len(folder_syncs) == 1 and len(links) == 3
     assert max(links) < folder_syncs[0] < manifest_link
-    for i in links:  # the temp linked there was fsynced just before
-        assert events[i - 1][0] == "fsync" and os.path.dirname(events[i - 1][1]) == folder
+    # Each temp fsynced before its own link: see the side-by-side test below.
+    assert sum(1 for kind, path in events[: max(links)] if kind == "fsync" and os.path.dirname(path) == folder) == 3
     assert ("fsync", os.fspath(pkg.content_dir / "case/revisions")) in events[: manifest_link]
     assert snapshot(pkg.content_dir / "case/revisions/0002") == {name.rpartition("/")[2]: data for name, data in files.items()}
 
+
+
+def test_a_builds_outputs_are_fsynced_side_by_side_each_before_its_own_link(pkg, monkeypatch):
+    """The three outputs' fsyncs overlap (each file in a thread of its own):
+    one after the other they cost a journal commit each. Still, each temp is
+    fsynced before it is linked under its name, and the folder after every
+    link; an interrupt or a failure comes out only once every thread is done."""
+    import threading
+
+    real_fsync, real_link = os.fsync, os.link
+    synced_by: dict[str, int] = {}
+    linked: dict[str, str] = {}
+    order: list[str] = []
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        real_fsync(fd)
+        synced_by[path] = threading.get_ident()
+        order.append(path)
+
+    def link(src, dst, *args, **kwargs):
+        folder = os.readlink(f"/proc/self/fd/{kwargs['src_dir_fd']}") if kwargs.get("src_dir_fd") is not None else ""
+        assert os.path.join(folder, src) in synced_by, f"{dst} linked before its temp was fsynced"
+        linked[dst] = os.path.join(folder, src)
+        order.append(f"link {dst}")
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    names = ("case.json", "case_summary.md", "case-built.json")
+    files = {f"case/revisions/0002/{name}": name.encode() * 1000 for name in names}
+    PackageWriter(pkg).publish(1, files)
+    folder = os.fspath(pkg.content_dir / "case/revisions/0002")
+    assert len({synced_by[linked[name]] for name in names}) == 3  # three threads
+    assert max(order.index(f"link {name}") for name in names) < order.index(folder) < order.index("link 000002.json")
+    assert snapshot(pkg.content_dir / "case/revisions/0002") == {name.rpartition("/")[2]: data for name, data in files.items()}
+
+    # A failing write of one of them: its error, after the others finished.
+    def failing_link(src, dst, *args, **kwargs):
+        if dst == "case_summary.md":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", failing_link)
+    more = {f"case/revisions/0003/{name}": name.encode() * 10 for name in names}
+    with pytest.raises(VianoError) as failed:
+        PackageWriter(pkg).publish(2, more)
+    assert failed.value.code in {"IO_ERROR", "INSUFFICIENT_DISK"} and failed.value.path == "case/revisions/0003/case_summary.md"
+    assert threading.active_count() == 1
+    assert not [name for name in os.listdir(pkg.content_dir / "case/revisions/0003") if name.startswith(".tmp-")]
+    monkeypatch.setattr(os, "link", real_link)
+    assert PackageWriter(pkg).publish(2, more)["package_generation"] == 3
 
 def test_a_retry_after_a_failed_publication_makes_what_it_left_durable_before_the_manifest(pkg, monkeypatch):
     """The first attempt fails on its second file after linking the first
