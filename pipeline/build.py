@@ -222,14 +222,16 @@ def _keep_for_the_run(ws, case_id: str, store) -> bool:
     return True
 
 
-def _store_kept_for_the_run(ws, case_id: str):
-    """The store validate_index kept open for this step, or a new one."""
+def _store_kept_for_the_run(ws, case_id: str) -> tuple:
+    """``(store, kept)``: the store validate_index kept open for this step
+    (``kept``: this process has held the case lock since that step rolled
+    the store forward), or a new one."""
     key = (str(ws.root), case_id)
     if key in _HELD and threading.current_thread() is threading.main_thread():
         kept = _RUN_STORES.pop(key, None)
         if kept is not None:
-            return kept
-    return _store(ws)
+            return kept, True
+    return _store(ws), False
 
 
 def _close_run_stores() -> None:
@@ -479,6 +481,8 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     ):
                         return plan
                 plan = _planned_ahead(cache, key, content_dir, stamps)
+                # A plan left ahead was taken because no stamp moved: they were just compared.
+                stamps_compared = plan is not None
                 if plan is None:
                     plan = _fresh_plan(store, package, record, cache, limits)
                 confirmed = store.confirmed(case_id, plan["step_id"])
@@ -507,7 +511,8 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     # generations since then added only generated outputs (excluded from
                     # the request hash), so planning that snapshot gives the same plan.
                     plan["snapshot_generation"] = _confirmed_snapshot_generation(package, plan)
-                _forget_changed_content(cache, content_dir, plan, stamps)
+                if not stamps_compared:
+                    _forget_changed_content(cache, content_dir, plan, stamps)
                 _keep_content_stamps(cache, plan, stamps, recorded)
                 plan_bytes = encode_sorted(plan)
                 cache.write(cache.plan, plan_bytes)
@@ -1560,10 +1565,12 @@ def step_publish(workspace_root, case_id) -> BuildResult:
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
     outputs = plan["outputs"]
     with _locked(ws, case_id):
-        store = _store_kept_for_the_run(ws, case_id)
+        store, kept = _store_kept_for_the_run(ws, case_id)
         try:
             package = _package(ws, case_id, plan["package_id"], cache)
-            record = roll_forward(store, package, case_id)
+            # Kept: validate_index rolled this store forward and cleared what
+            # crashed writers left, and no writer has had the lock since.
+            record = store.get(case_id) if kept else roll_forward(store, package, case_id)
             confirmed = store.confirmed(case_id, plan["step_id"])
             if confirmed is not None:
                 if confirmed.request_hash != plan["request_hash"]:

@@ -847,18 +847,20 @@ def test_a_plan_left_by_an_append_is_not_taken_once_what_it_derives_from_changed
 
 def test_a_build_run_opens_the_store_once_and_closes_it(tmp_path, admitted):
     """validate_index keeps its store connection open for publish in the same
-    run; it is closed before the process forks and when a run stops early, so
-    no run leaves the store's write-ahead log behind."""
+    run, and publish takes the store as validate_index rolled it forward; it
+    is closed before the process forks (publish then opens the store and
+    rolls it forward itself) and when a run stops early, so no run leaves
+    the store's write-ahead log behind."""
     ws = admitted
     store_files = lambda: sorted(path.name for path in ws.glob("checkpoints.sqlite3*"))  # noqa: E731
     built = kit.doit_through("doit_counting_stores.py", "build", "case=c1", workspace=ws)
     assert built.returncode == 0 and ".  publish" in built.stderr, built.stderr
-    assert "stores opened: 1\n" in built.stderr
+    assert "stores opened: 1\nroll-forwards: 1\n" in built.stderr  # publish trusts validate_index's
     assert store_files() == ["checkpoints.sqlite3"]
     _reopen_and_append_a_report(ws, tmp_path / "app", "original/report-y.json")
     forked = kit.doit_through("doit_counting_stores.py", "fork", "build", "case=c1", workspace=ws)
     assert forked.returncode == 0 and ".  publish" in forked.stderr, forked.stderr
-    assert "child sees run stores: 0\n" in forked.stderr and "stores opened: 2\n" in forked.stderr
+    assert "child sees run stores: 0\n" in forked.stderr and "stores opened: 2\nroll-forwards: 2\n" in forked.stderr
     assert store_files() == ["checkpoints.sqlite3"]
     _reopen_and_append_a_report(ws, tmp_path / "app2", "original/report-z.json")
     content = kit.package_dir(ws, "c1") / "content"

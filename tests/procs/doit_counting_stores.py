@@ -1,5 +1,6 @@
 """Run the real doit command line, counting the checkpoint-store connections
-the process opens; prints ``stores opened: N`` on standard error at exit.
+the process opens and its roll-forwards of the store; prints ``stores
+opened: N`` and ``roll-forwards: N`` on standard error at exit.
 With ``fork`` among the arguments, the read_input step forks a child that
 exits at once (as a program running builds in-process may fork), and the
 child reports whether it found any store connection of its parent open.
@@ -13,6 +14,7 @@ import sys
 
 import pipeline.build as build
 import pipeline.lifecycle as lifecycle
+import pipeline.recovery as recovery
 
 opened = []
 original_init = lifecycle.CheckpointStore.__init__
@@ -24,7 +26,17 @@ def counting_init(self, *args, **kwargs):
 
 
 lifecycle.CheckpointStore.__init__ = counting_init
-atexit.register(lambda: os.write(2, f"stores opened: {len(opened)}\n".encode()))
+rolled = []
+original_roll_forward = recovery.roll_forward
+
+
+def counting_roll_forward(*args, **kwargs):
+    rolled.append(1)
+    return original_roll_forward(*args, **kwargs)
+
+
+recovery.roll_forward = counting_roll_forward
+atexit.register(lambda: os.write(2, f"stores opened: {len(opened)}\nroll-forwards: {len(rolled)}\n".encode()))
 
 if "fork" in sys.argv[1:]:
     sys.argv.remove("fork")
