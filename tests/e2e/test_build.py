@@ -1400,3 +1400,49 @@ def test_status_names_the_steps_an_ignored_assemble_or_render_makes_doit_skip(tm
     skipped = kit.doit("build", "case=c1", workspace=ws)
     assert {f"!! {t}" for t in (step, *later)} <= set(skipped.stderr.splitlines()), skipped.stderr
     assert len(kit.manifests(ws, "c1")) == 1
+
+
+def _watching_the_exit(ws: Path, *args: str, options: str, stdout=subprocess.PIPE) -> tuple[int, str, str]:
+    """The real doit command line through ``tests/procs/doit_watching_its_exit.py``:
+    its status, standard output and error, with the workspace's path as ``WS``."""
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "procs" / "doit_watching_its_exit.py"), "-f", str(REPO / "dodo.py"), "-d", str(REPO),
+         *args, f"workspace={ws}"],
+        stdout=stdout, stderr=subprocess.PIPE, text=True, env=doit_env(VIANO_WATCH_EXIT=options), timeout=120,
+    )
+    same = lambda text: re.sub(r" at 0x[0-9a-f]+>", " at 0x...>", text.replace(str(ws), "WS"))  # noqa: E731
+    return run.returncode, same(run.stdout or ""), same(run.stderr)
+
+
+def test_a_command_line_run_exits_as_the_interpreter_would_without_its_teardown(tmp_path, admitted):
+    """After the run, the process ends without the interpreter's teardown,
+    and otherwise as the interpreter ends it: the same status and output,
+    every exit function run, what they wrote flushed, a thread still running
+    waited for; a standard output that cannot take the flush is left to the
+    interpreter (each compared with a run that has the interpreter's exit)."""
+    plain_ws, fast_ws = tmp_path / "plain", tmp_path / "fast"
+    shutil.copytree(admitted, plain_ws, symlinks=True)
+    shutil.copytree(admitted, fast_ws, symlinks=True)
+
+    def both(*args, options="", stdout=subprocess.PIPE):
+        plain = _watching_the_exit(plain_ws, *args, options=",".join(filter(None, ["plain", options])), stdout=stdout)
+        fast = _watching_the_exit(fast_ws, *args, options=options, stdout=stdout)
+        assert "torn down\n" in plain[2], plain  # the watch sees a teardown where there is one
+        assert fast[:2] == plain[:2] and fast[2] == plain[2].replace("torn down\n", ""), (plain, fast)
+        return fast
+
+    status, out, err = both("build", "case=c1")
+    assert status == 0 and ".  publish" in err and err.endswith("exit function ran\n"), err
+    assert out.endswith("confirmed at generation 2 (request " + out.rsplit("(request ", 1)[1].split(")")[0] + ")\nsaid by an exit function\n"), out
+    status, out, err = both("build", "case=c1", options="thread")
+    assert status == 0 and err.endswith("thread done\nexit function ran\n"), err
+    status, out, err = both("build", "case=nope")
+    assert status == 1 and "UNKNOWN_CASE: no case nope in the workspace (WS)\n" in err and out == "said by an exit function\n", err
+    with open("/dev/full", "w") as full:  # the build's line fails, and the command then drops its output
+        status, out, err = both("build", "case=c1", stdout=full)
+    assert status == 1 and "IO_ERROR: the standard output could not be written" in err and err.endswith("exit function ran\n"), err
+    # A standard output whose flush fails at exit: the interpreter's exit, as ever (it says so and exits 120).
+    plain = _watching_the_exit(plain_ws, "build", "case=c1", options="plain,unflushable")
+    fast = _watching_the_exit(fast_ws, "build", "case=c1", options="unflushable")
+    assert fast == plain and fast[0] == 120 and "torn down\n" in fast[2], (plain, fast)
+    assert "Exception ignored" in fast[2] and "No space left on device" in fast[2], fast
