@@ -464,6 +464,7 @@ def step_validate_index(workspace_root, case_id: str, limits: CaseBuilderLimits 
                     )
 
                 cache.remove_stale_temps()
+                cache.remove_other_builders_records()
                 key = _plan_key(package, record, limits)
                 stamps = read_content_stamps(cache)
                 recorded = dict(stamps)

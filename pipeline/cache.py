@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import stat
 import sys
 import threading
@@ -313,6 +314,28 @@ class BuildCache:
         finally:
             with _IN_FLIGHT_GUARD:
                 _IN_FLIGHT.discard(os.fspath(tmp))
+
+    def remove_other_builders_records(self) -> int:
+        """Remove the document records of other builder code (the folders
+        beside this builder's under ``documents/``), which no build of this
+        code reads; an upgrade of the builder left them for good, ~2-8 MB a
+        case at the default limits each time. Looked for only while this
+        builder's own folder is missing, so a build costs one ``stat``: the
+        first build after an upgrade clears them. Under the case lock, as
+        every cache writer is; returns how many folders were removed."""
+        documents = Path(self._documents)
+        if documents.is_dir():
+            return 0
+        try:
+            entries = list(os.scandir(documents.parent))
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for entry in entries:
+            if entry.name != documents.name and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+        return removed
 
     def remove_stale_temps(self) -> int:
         """Remove the temp files of writes that never finished (a process

@@ -1446,3 +1446,19 @@ def test_a_command_line_run_exits_as_the_interpreter_would_without_its_teardown(
     fast = _watching_the_exit(fast_ws, "build", "case=c1", options="unflushable")
     assert fast == plain and fast[0] == 120 and "torn down\n" in fast[2], (plain, fast)
     assert "Exception ignored" in fast[2] and "No space left on device" in fast[2], fast
+
+
+def test_the_first_build_after_a_builder_upgrade_removes_the_older_builders_records(tmp_path, admitted):
+    """Each builder code keeps its document records in a folder of its own
+    under the case's cache; the first build that finds none of its own (as
+    after an upgrade) removes those of other code, and publishes nothing new."""
+    ws = admitted
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    documents = ws / ".cache" / "c1" / "documents"
+    (current,) = documents.iterdir()
+    before = kit.tree_digest(ws)
+    current.rename(documents / "0123456789abcdef")  # as the builder before an upgrade left them
+    rebuilt = kit.doit("build", "case=c1", workspace=ws)
+    assert rebuilt.returncode == 0 and ".  read_input:original/report-a.json" in rebuilt.stderr, rebuilt.stderr
+    assert [p.name for p in documents.iterdir()] == [current.name]
+    assert kit.tree_digest(ws) == before and len(kit.manifests(ws, "c1")) == 2
