@@ -319,13 +319,10 @@ class BuildCache:
         """Remove the document records of other builder code (the folders
         beside this builder's under ``documents/``), which no build of this
         code reads; an upgrade of the builder left them for good, ~2-8 MB a
-        case at the default limits each time. Looked for only while this
-        builder's own folder is missing, so a build costs one ``stat``: the
-        first build after an upgrade clears them. Under the case lock, as
-        every cache writer is; returns how many folders were removed."""
+        case at the default limits each time. ``documents/`` holds only those
+        folders, so looking costs a build one short directory read. Under the
+        case lock, as every cache writer is; returns how many were removed."""
         documents = Path(self._documents)
-        if documents.is_dir():
-            return 0
         try:
             entries = list(os.scandir(documents.parent))
         except FileNotFoundError:

@@ -1448,10 +1448,10 @@ def test_a_command_line_run_exits_as_the_interpreter_would_without_its_teardown(
     assert "Exception ignored" in fast[2] and "No space left on device" in fast[2], fast
 
 
-def test_the_first_build_after_a_builder_upgrade_removes_the_older_builders_records(tmp_path, admitted):
+def test_a_build_after_a_builder_upgrade_removes_the_older_builders_records(tmp_path, admitted):
     """Each builder code keeps its document records in a folder of its own
-    under the case's cache; the first build that finds none of its own (as
-    after an upgrade) removes those of other code, and publishes nothing new."""
+    under the case's cache; a build removes those of other code (left by
+    the builder before an upgrade), and publishes nothing new."""
     ws = admitted
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     documents = ws / ".cache" / "c1" / "documents"
