@@ -316,22 +316,28 @@ class BuildCache:
                 _IN_FLIGHT.discard(os.fspath(tmp))
 
     def remove_other_builders_records(self) -> int:
-        """Remove the document records of other builder code (the folders
+        """Remove the document records of older builder code (the folders
         beside this builder's under ``documents/``), which no build of this
-        code reads; an upgrade of the builder left them for good, ~2-8 MB a
-        case at the default limits each time. ``documents/`` holds only those
-        folders, so looking costs a build one short directory read. Under the
-        case lock, as every cache writer is; returns how many were removed."""
+        code reads; each upgrade of the builder left its own for good, ~2-8 MB
+        a case at the default limits. The most recently written of them
+        stays: two builders that take turns on one workspace (two Pythons, a
+        rollback) would otherwise remove each other's at every build.
+        ``documents/`` holds only those folders, so looking costs a build one
+        short directory read. Under the case lock, as every cache writer is;
+        returns how many were removed."""
         documents = Path(self._documents)
         try:
-            entries = list(os.scandir(documents.parent))
+            others = [entry for entry in os.scandir(documents.parent)
+                      if entry.name != documents.name and entry.is_dir(follow_symlinks=False)]
+            if len(others) < 2:
+                return 0
+            others.sort(key=lambda entry: (entry.stat(follow_symlinks=False).st_mtime_ns, entry.name), reverse=True)
         except FileNotFoundError:
             return 0
         removed = 0
-        for entry in entries:
-            if entry.name != documents.name and entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed += 1
+        for entry in others[1:]:
+            shutil.rmtree(entry.path, ignore_errors=True)  # what cannot go is tried again by the next build
+            removed += not os.path.lexists(entry.path)
         return removed
 
     def remove_stale_temps(self) -> int:

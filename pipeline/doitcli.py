@@ -554,9 +554,10 @@ def end_the_process_without_teardown() -> None:
     status cannot change, and Ctrl-C is ignored once the run has reported,
     :func:`pipeline.interrupts.ignore_interrupts_from_now`). A standard
     stream whose flush fails is left to the interpreter, which reports it
-    and exits 120, as it always did. Only the doit command line, from its
-    main thread: a program that runs doit in-process keeps its own exit.
-    (mypy ends its command line the same way, for the same reason.)"""
+    and exits 120, as it always did. Only where the process ends with doit's
+    ``main`` (:func:`_the_process_ends_with_doits_main`), from its main
+    thread: a program that runs doit in-process keeps its own exit. (mypy
+    ends its command line the same way, for the same reason.)"""
     from doit.cmd_run import Run
 
     execute = Run._execute
@@ -566,8 +567,8 @@ def end_the_process_without_teardown() -> None:
     @functools.wraps(execute)
     def _execute(self, *args, **kwargs):
         status = execute(self, *args, **kwargs)
-        if (_running_doit_command_line() and threading.current_thread() is threading.main_thread()
-                and type(status) is int and 0 <= status <= 255):
+        if (threading.current_thread() is threading.main_thread() and type(status) is int and 0 <= status <= 255
+                and _the_process_ends_with_doits_main()):
             # Registered last, so run first at exit, before any other exit function.
             atexit.unregister(_exit_as_the_interpreter_would)
             atexit.register(_exit_as_the_interpreter_would, status)
@@ -575,6 +576,48 @@ def end_the_process_without_teardown() -> None:
 
     _execute.viano_ends_the_process = True
     Run._execute = _execute
+
+
+def _the_process_ends_with_doits_main() -> bool:
+    """Whether nothing but the interpreter's exit follows doit's ``main``:
+    ``python -m doit``, or a launcher script (the ``doit`` console script of
+    pip, uv, ...) whose last statement, run now, is ``sys.exit(main())``
+    with doit's ``main``. A program that calls ``main`` and goes on (a
+    wrapper, a test run) keeps its own exit, status and teardown; so does a
+    launcher that cannot be read or is shaped otherwise."""
+    main_module = sys.modules.get("__main__")
+    if getattr(getattr(main_module, "__spec__", None), "name", None) == "doit.__main__":
+        return True
+    doits_main = getattr(sys.modules.get("doit.__main__"), "main", None)
+    frame = sys._getframe()
+    while frame.f_back is not None:
+        frame = frame.f_back
+    if (doits_main is None or main_module is None or frame.f_globals is not vars(main_module)
+            or frame.f_code.co_name != "<module>" or frame.f_globals.get("main") is not doits_main
+            or frame.f_globals.get("sys") is not sys):
+        return False
+    try:
+        import ast
+
+        with open(frame.f_code.co_filename, "rb") as script:
+            source = script.read(_LAUNCHER_BYTES + 1)
+        if len(source) > _LAUNCHER_BYTES:
+            return False
+        body = ast.parse(source).body
+    except (OSError, SyntaxError, ValueError):
+        return False
+    # The last statement, at the top level or as the last of a last
+    # ``if __name__ == "__main__":`` (no try, loop or with around it).
+    if body and isinstance(body[-1], ast.If) and not body[-1].orelse and ast.unparse(body[-1].test) in (
+            "__name__ == '__main__'", "'__main__' == __name__"):
+        body = body[-1].body
+    last = body[-1] if body else None
+    return (isinstance(last, ast.Expr) and ast.unparse(last) == "sys.exit(main())"
+            and last.lineno == frame.f_lineno)
+
+
+#: A launcher script is a few lines; anything larger is something else.
+_LAUNCHER_BYTES = 4096
 
 
 def _exit_as_the_interpreter_would(status: int) -> None:

@@ -899,20 +899,22 @@ def test_an_output_is_up_to_date_only_with_the_source_its_step_made_it_from(tmp_
     assert SOURCE_DIGEST not in output_digest(cache.case_json)
 
 
-def test_document_records_of_other_builder_code_are_removed(tmp_path):
-    """The folders of records that other builder code left under
-    ``documents/`` (none of them is read again) go; this builder's stays."""
+def test_document_records_of_older_builder_code_are_removed_but_the_newest(tmp_path):
+    """The folders of records that older builder code left under
+    ``documents/`` (none of them is read again) go, but for the most recently
+    written one: two builders taking turns on a workspace keep their own."""
     cache = BuildCache(tmp_path / "c1")
     record = cache.input_record("original/a.json", "0" * 64, "report", 16384)
     documents = record.parent
     assert documents.parent == cache.root / "documents"
     assert cache.remove_other_builders_records() == 0  # no cache yet
     cache.write_json(record, {"kept": True})
-    for older in ("0123456789abcdef", "fedcba9876543210"):
-        (documents.parent / older).mkdir(parents=True)
+    for age, older in enumerate(("0123456789abcdef", "fedcba9876543210", "00000000aaaaaaaa")):
+        (documents.parent / older / "sub").mkdir(parents=True)
         (documents.parent / older / "record.json").write_text("{}")
-    (documents.parent / "0123456789abcdef" / "sub").mkdir()
+        os.utime(documents.parent / older, ns=(10**18 - age * 10**9, 10**18 - age * 10**9))
     assert cache.remove_other_builders_records() == 2
-    assert [p.name for p in documents.parent.iterdir()] == [documents.name]
+    assert sorted(p.name for p in documents.parent.iterdir()) == sorted([documents.name, "0123456789abcdef"])
     assert cache.read_json(record) == {"kept": True}
-    assert cache.remove_other_builders_records() == 0
+    assert cache.remove_other_builders_records() == 0  # the newest other stays, build after build
+    assert sorted(p.name for p in documents.parent.iterdir()) == sorted([documents.name, "0123456789abcdef"])

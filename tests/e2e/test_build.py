@@ -1450,15 +1450,40 @@ def test_a_command_line_run_exits_as_the_interpreter_would_without_its_teardown(
 
 def test_a_build_after_a_builder_upgrade_removes_the_older_builders_records(tmp_path, admitted):
     """Each builder code keeps its document records in a folder of its own
-    under the case's cache; a build removes those of other code (left by
-    the builder before an upgrade), and publishes nothing new."""
+    under the case's cache; a build removes those of older code (left by
+    builders before upgrades) but the most recently written, and publishes
+    nothing new."""
     ws = admitted
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     documents = ws / ".cache" / "c1" / "documents"
     (current,) = documents.iterdir()
     before = kit.tree_digest(ws)
-    current.rename(documents / "0123456789abcdef")  # as the builder before an upgrade left them
+    shutil.copytree(current, documents / "fedcba9876543210")  # as the builder two upgrades ago left them
+    os.utime(documents / "fedcba9876543210", ns=(10**18, 10**18))
+    current.rename(documents / "0123456789abcdef")  # as the builder before the upgrade left them
     rebuilt = kit.doit("build", "case=c1", workspace=ws)
     assert rebuilt.returncode == 0 and ".  read_input:original/report-a.json" in rebuilt.stderr, rebuilt.stderr
-    assert [p.name for p in documents.iterdir()] == [current.name]
+    assert sorted(p.name for p in documents.iterdir()) == sorted([current.name, "0123456789abcdef"])  # the newest other stays
     assert kit.tree_digest(ws) == before and len(kit.manifests(ws, "c1")) == 2
+
+
+def test_a_program_that_goes_on_after_doits_main_keeps_its_own_exit(tmp_path, admitted):
+    """Only a process that ends with doit's ``main`` (its launcher, ``python -m
+    doit``) exits without teardown: a program that runs ``main`` and goes on
+    exits with its own status, and what it writes after is not lost."""
+    after = tmp_path / "after.txt"
+    program = (
+        "import sys\n"
+        "from doit.__main__ import main\n"
+        f"sys.argv = ['doit', '-f', {str(REPO / 'dodo.py')!r}, 'build', 'case=c1', 'workspace={admitted}']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as stopped:\n"
+        "    print('doit exited', stopped.code)\n"
+        f"log = open({str(after)!r}, 'w')\n"
+        "log.write('written after doit')\n"
+        "sys.exit(5)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=doit_env(), cwd=REPO, timeout=120)
+    assert run.returncode == 5 and run.stdout.endswith("doit exited 0\n"), (run.returncode, run.stdout, run.stderr)
+    assert ".  publish" in run.stderr and after.read_text() == "written after doit"

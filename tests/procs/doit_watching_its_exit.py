@@ -81,4 +81,4 @@ if "thread" in OPTIONS:
 from doit.__main__ import main  # noqa: E402 - after the patches, as the dodo file looks them up
 
 sys.argv = ["doit", *sys.argv[1:]]
-main()
+sys.exit(main())
