@@ -111,8 +111,11 @@ def splice_case(previous: bytes, part: bytes) -> bytes:
     its own, in every appended list."""
     pieces = []
     cursor = 0
+    # Views, not slices: the previous records are most of a megabytes-large
+    # case, and the join below is then their only copy.
+    previous_view = memoryview(previous)
     for (start, end, inner_start, inner_end), (_, _, earlier_start, earlier_end) in zip(_list_spans(part), _list_spans(previous)):
-        earlier = previous[earlier_start:earlier_end]
+        earlier = previous_view[earlier_start:earlier_end]
         pieces.append(part[cursor:start])
         if not earlier:
             pieces.append(part[start:end])
@@ -168,20 +171,21 @@ def _block_spans(data: bytes) -> list[tuple[int, int]]:
     return spans
 
 
-def _joined(earlier: bytes, own: bytes, kind: str) -> bytes:
+def _joined(earlier: memoryview, own: bytes, kind: str) -> list:
+    """The pieces of one block: the previous summary's rows, then the part's."""
     if earlier == _NONE:
-        return own
+        return [own]
     if own == _NONE:
-        return earlier
+        return [earlier]
     if kind == "lines":
-        return earlier + b"\n" + own
+        return [earlier, b"\n", own]
     if kind == "blocks":
-        return earlier + b"\n\n" + own
+        return [earlier, b"\n\n", own]
     # A table: the part's rows follow the earlier rows, under one header.
     header_end = own.find(b"\n", own.find(b"\n") + 1)
     if header_end < 0:
         raise SpliceError("a table without rows")
-    return earlier + own[header_end:]
+    return [earlier, own[header_end:]]
 
 
 def splice_summary(previous: bytes, part: bytes) -> bytes:
@@ -189,8 +193,10 @@ def splice_summary(previous: bytes, part: bytes) -> bytes:
     of ``previous`` and that of ``part`` (UTF-8 bytes both)."""
     pieces = []
     cursor = 0
+    previous_view = memoryview(previous)  # the join is the previous rows' only copy
     for (start, end), (earlier_start, earlier_end), (_, _, kind) in zip(_block_spans(part), _block_spans(previous), _SUMMARY_BLOCKS):
-        pieces += [part[cursor:start], _joined(previous[earlier_start:earlier_end], part[start:end], kind)]
+        pieces.append(part[cursor:start])
+        pieces += _joined(previous_view[earlier_start:earlier_end], part[start:end], kind)
         cursor = end
     pieces.append(part[cursor:])
     return b"".join(pieces)
