@@ -183,12 +183,15 @@ def output_as_written(task, values, path, source) -> bool:
     changed by hand would otherwise be rendered and published as it is; and
     its record of the source can be reset without the output being made
     (``doit reset-dep``). Costs no read in a no-op: the later tasks'
-    file_dep checks hash the same file versions anyway (memoised)."""
+    file_dep checks hash the same file versions anyway (memoised). The
+    source first: after an append it has changed, and the output, which the
+    step then replaces, is not read here at all (assemble reads the previous
+    case once, to splice onto it)."""
     recorded, made_from = values.get(OUTPUT_DIGEST), values.get(SOURCE_DIGEST)
     if not isinstance(recorded, str) or not isinstance(made_from, str):
         return False
     try:
-        return _sha256_file(path) == recorded and _sha256_file(source) == made_from
+        return _sha256_file(source) == made_from and _sha256_file(path) == recorded
     except OSError:
         return False
 
