@@ -60,7 +60,7 @@ from doit.tools import config_changed  # noqa: E402
 from pipeline.build import over_read_bound, publish_is_current, reuses_confirmed_case  # noqa: E402
 from pipeline.cache import BuildCache  # noqa: E402
 from pipeline.doitcli import (  # noqa: E402
-    chain_stamp, declares_subtask, doit_config, guarded, output_as_written, output_digest, subtask_name,
+    chain_stamp, declares_subtask, doit_config, guarded, output_as_written, output_digest, subtask_name, io_of_a_run_task,
 )
 from pipeline.errors import VianoError  # noqa: E402
 from pipeline.limits import CaseBuilderLimits  # noqa: E402
@@ -240,6 +240,7 @@ def _read_inputs():
                          {"limits": limits, "inline_fact_value": inline})],
             "targets": [target],
             "uptodate": [True],
+            "io": io_of_a_run_task(),
         }
 
 
@@ -270,6 +271,7 @@ def _hash_contexts():
                                    ref["path"], ref["sha256"], ref["size"]])],
             "targets": [target],
             "uptodate": [True],
+            "io": io_of_a_run_task(),
         }
 
 

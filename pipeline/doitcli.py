@@ -668,12 +668,29 @@ def _running_doit_command_line() -> bool:
 #: last can put back the other's capture for good, so a line written to
 #: ``sys.stdout`` after that was captured and never shown.
 _command_line_stdout = None
+#: Standard error as the command line started with it (after
+#: :func:`_keep_going_without_stderr`), for the same reason.
+_command_line_stderr = None
+#: Whether the doit run now executing reports with doit's JSON reporter,
+#: whose document must be the whole of standard output (a consumer parses
+#: it): the command's own lines then go to standard error. A module global,
+#: not a context variable: thread workers (``-P thread``) do not inherit
+#: context, and process workers are forked after it is set.
+_reporting_as_json = False
 
 
 def command_line_stdout():
     """Where a command's own lines go: the command line's standard output, or
     ``sys.stdout`` when doit's command line is not what runs this."""
     return _command_line_stdout if _command_line_stdout is not None else sys.stdout
+
+
+def _where_a_line_goes() -> tuple[object, str]:
+    """The stream :func:`say` writes to, and its name for an error: standard
+    error while doit's JSON reporter owns standard output."""
+    if _reporting_as_json:
+        return (_command_line_stderr if _command_line_stderr is not None else sys.__stderr__), "standard error"
+    return command_line_stdout(), "standard output"
 
 
 def say(text: str) -> None:
@@ -685,7 +702,7 @@ def say(text: str) -> None:
     ``IO_ERROR: No space left on device`` naming nothing, as if the command's
     work had failed, and the flush at exit then failed again (exit 120 and
     two "Exception ignored" lines after the coded one)."""
-    out = command_line_stdout()
+    out, name = _where_a_line_goes()
     try:
         out.write(text)
         out.flush()
@@ -696,7 +713,7 @@ def say(text: str) -> None:
             with contextlib.suppress(OSError, ValueError):
                 _quiet_from_now_on()
         reason = error.strerror or type(error).__name__
-        raise VianoError("IO_ERROR", f"the standard output could not be written ({reason}); "
+        raise VianoError("IO_ERROR", f"the {name} could not be written ({reason}); "
                                      "what the command had done by then stands") from None
 
 
@@ -711,14 +728,16 @@ def doit_config(case_var: str | None, workspace_var: str | None, argv=None) -> d
     except VianoError as error:
         sys.stderr.write(f"{error}\n")
         raise SystemExit(3) from None
-    global _STARTED_BEFORE_ITS_CASE, _RUN_WITHOUT_ITS_LOCK, _command_line_stdout
+    global _STARTED_BEFORE_ITS_CASE, _RUN_WITHOUT_ITS_LOCK, _command_line_stdout, _command_line_stderr
     _STARTED_BEFORE_ITS_CASE = _RUN_WITHOUT_ITS_LOCK = None
     if _running_doit_command_line():
         _fill_closed_standard_streams()
     _command_line_stdout = sys.stdout if _running_doit_command_line() else None
+    _command_line_stderr = None
     if _command_line_stdout is not None:
         _escape_what_stdout_cannot_encode(_command_line_stdout)
         _keep_going_without_stderr()
+        _command_line_stderr = sys.stderr
     os.environ.pop(_LOCKED_BY_ENV, None)
     report_interrupts_on_one_line()
     say_when_waiting_for_a_case_lock()
@@ -993,13 +1012,56 @@ def _note_what_each_run_selects() -> None:
         bound = inspect.signature(execute).bind(self, *args, **kwargs)
         selected = tuple(name for name in (getattr(self, "sel_tasks", None) or ()) if isinstance(name, str))
         token = _RUN_SELECTION.set((bool(bound.arguments.get("always", False)), selected))
+        global _reporting_as_json
+        reporting_as_json_before, _reporting_as_json = _reporting_as_json, _is_doits_json_reporter(bound.arguments.get("reporter"))
+        global _thread_workers
+        thread_workers_before = _thread_workers
+        _thread_workers = bound.arguments.get("par_type") == "thread" and (bound.arguments.get("num_process") or 0) > 0
+        if _thread_workers:
+            for task in getattr(self, "task_list", None) or ():
+                if hasattr(getattr(task, "io", None), "capture"):
+                    task.io.capture = False
         try:
             return execute(self, *args, **kwargs)
         finally:
             _RUN_SELECTION.reset(token)
+            _reporting_as_json = reporting_as_json_before
+            _thread_workers = thread_workers_before
 
     _execute.viano_noted = True
     Run._execute = _execute
+
+
+#: Whether the doit run now executing has thread workers (``-n N -P
+#: thread``). Then no action's output is captured: doit's capture swaps the
+#: process-wide ``sys.stdout`` and ``sys.stderr`` for the action's own
+#: writers and puts back what it found after, and two overlapping actions
+#: can leave one's writers in place for good. Later output was then captured
+#: and never shown, and with ``--reporter=json`` the reporter found a writer
+#: where it had put its buffer: no JSON document and exit 3 (2 of 3 sample
+#: builds with ``-n 2 -P thread`` here). Without capture doit swaps nothing
+#: (or puts back the same stream), so the workers cannot race; the actions'
+#: own lines (progress, on standard error) are then written as they are, also
+#: at ``--verbosity 0``. Tasks declared before the run are changed by
+#: :func:`_note_what_each_run_selects`, those created during it (the per-file
+#: steps) declare :func:`io_of_a_run_task`.
+_thread_workers = False
+
+
+def io_of_a_run_task() -> dict:
+    """The ``io`` a task created during a run declares (see
+    :data:`_thread_workers`): doit's default, capture, except with thread workers."""
+    return {"capture": not _thread_workers}
+
+
+def _is_doits_json_reporter(reporter) -> bool:
+    """``--reporter=json`` (a name from the command line or a config file) or
+    doit's JSON reporter class itself, or one derived from it."""
+    if reporter == "json":
+        return True
+    from doit.reporter import JsonReporter
+
+    return isinstance(reporter, type) and issubclass(reporter, JsonReporter)
 
 
 def lock_if_not_held_by_the_run(ws, case_id: str) -> None:

@@ -1487,3 +1487,34 @@ def test_a_program_that_goes_on_after_doits_main_keeps_its_own_exit(tmp_path, ad
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=doit_env(), cwd=REPO, timeout=120)
     assert run.returncode == 5 and run.stdout.endswith("doit exited 0\n"), (run.returncode, run.stdout, run.stderr)
     assert ".  publish" in run.stderr and after.read_text() == "written after doit"
+
+
+@pytest.mark.parametrize("options", [(), ("-n", "2", "-P", "thread")])
+def test_json_reporter_keeps_stdout_one_json_document(admitted, options):
+    """With ``--reporter=json`` doit's standard output is its JSON document
+    alone: the build's own confirmation line goes to standard error (it was
+    printed on stdout before the document, so stdout did not parse). With
+    thread workers the document was missing altogether, exit 3, in 2 of 3
+    runs: two actions' overlapping output captures left one's writer where
+    the reporter had put its buffer."""
+    ws = admitted
+    for run in ("build", "no-op", "forced"):
+        extra = ("--always-execute",) if run == "forced" else ()
+        result = kit.doit(*options, "--reporter=json", *extra, "build", "case=c1", workspace=ws)
+        assert result.returncode == 0, (run, result.stdout, result.stderr)
+        document = json.loads(result.stdout)
+        results = {task["name"]: task["result"] for task in document["tasks"]}
+        assert results["build"] == "success" and results["publish"] in ("success", "up-to-date"), (run, results)
+        assert "case c1 revision 1: " in result.stderr and "confirmed at generation 2" in result.stderr, (run, result.stderr)
+        assert "confirmed at generation" not in result.stdout
+
+
+def test_json_reporter_reports_a_refused_run_in_its_document(admitted):
+    """Process workers are refused with their code inside the JSON document,
+    and standard output is still that document alone."""
+    result = kit.doit("-n", "2", "--reporter=json", "build", "case=c1", workspace=admitted)
+    assert result.returncode == 1, result.stderr
+    failed = [task for task in json.loads(result.stdout)["tasks"] if task["result"] == "fail"]
+    assert [task["name"] for task in failed] == ["validate_index"]
+    assert failed[0]["error"].startswith("INVALID_ARGUMENT: build steps cannot run in several processes")
+    assert kit.manifests(admitted, "c1")[-1].name == "000001.json"
