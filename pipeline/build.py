@@ -118,6 +118,17 @@ def _read_output(cache: BuildCache, path: Path, limit: int) -> bytes:
     return data
 
 
+def _made_before(read, case_id: str, step: str, lacking: str, maker: str):
+    """``read()``, where a missing file means the step that makes it did not
+    run before ``step`` (``doit -s STEP`` runs that step alone): said as
+    ``NOT_BUILT`` with what to run, not as an ``IO_ERROR`` of the machine."""
+    try:
+        return read()
+    except FileNotFoundError:
+        raise CaseBuildError("NOT_BUILT", f"case {case_id} has no {lacking} yet: {step} ran without {maker} "
+                                          f"(`doit -s {step}` runs only that step): run `doit build case={case_id}`") from None
+
+
 def _case_from(data: bytes) -> dict:
     import msgspec
 
@@ -1133,7 +1144,7 @@ def step_assemble(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     _lock_if_not_held_by_the_run(ws, case_id)
     cache = case_cache(ws, case_id)
-    plan, plan_sha256 = cache.read_plan_and_sha256()
+    plan, plan_sha256 = _made_before(cache.read_plan_and_sha256, case_id, "assemble", "plan", "validate_index")
     _SPLICING.pop(os.fspath(cache.root), None)
     if reuses_confirmed_case(cache):
         # A confirmed case is taken as published (after its contract check),
@@ -1430,9 +1441,11 @@ def step_render(workspace_root, case_id) -> None:
     ws = _workspace(workspace_root)
     _lock_if_not_held_by_the_run(ws, case_id)
     cache = case_cache(ws, case_id)
-    plan = cache.read_plan()
+    plan = _made_before(cache.read_plan, case_id, "render", "plan", "validate_index")
     limit = plan["limits"]["summary_bytes"]
-    case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])  # written by assemble, checked against case-v1
+    # Written by assemble, checked against case-v1.
+    case_bytes = _made_before(lambda: _read_output(cache, cache.case_json, plan["limits"]["case_bytes"]),
+                              case_id, "render", "assembled case", "assemble")
     if reuses_confirmed_case(cache):
         _write_output(cache, cache.summary, _published_bytes(ws, plan, "case_summary", plan["limits"]["summary_bytes"]),
                       sha256_hex(case_bytes))
@@ -1560,9 +1573,11 @@ def step_publish(workspace_root, case_id) -> BuildResult:
 
     ws = _workspace(workspace_root)
     cache = case_cache(ws, case_id)
-    plan, plan_sha256 = cache.read_plan_and_sha256()
-    case_bytes = _read_output(cache, cache.case_json, plan["limits"]["case_bytes"])
-    summary_bytes = _read_output(cache, cache.summary, plan["limits"]["summary_bytes"])
+    plan, plan_sha256 = _made_before(cache.read_plan_and_sha256, case_id, "publish", "plan", "validate_index")
+    case_bytes = _made_before(lambda: _read_output(cache, cache.case_json, plan["limits"]["case_bytes"]),
+                              case_id, "publish", "assembled case", "assemble")
+    summary_bytes = _made_before(lambda: _read_output(cache, cache.summary, plan["limits"]["summary_bytes"]),
+                                 case_id, "publish", "rendered summary", "render")
     built_bytes = _case_built(plan, case_bytes, summary_bytes)
     outputs = plan["outputs"]
     with _locked(ws, case_id):
@@ -1826,7 +1841,15 @@ def report_build(workspace_root, case_id) -> None:
         # The note was not written (see step_publish): the store has it.
         confirmed = _confirmed_for(ws, case_id, plan)
         if confirmed is None:
-            raise CaseBuildError("INTEGRITY_ERROR", "the build published no confirmed case for its plan")
+            # Only a run without the steps gets here (`doit -s build`, or the
+            # steps of a failed build not run again): in a build the report
+            # follows publish, which confirmed the plan's case or failed.
+            _refuse_a_report_of_an_older_plan(ws, case_id, cache, plan, 0)
+            raise CaseBuildError(
+                "NOT_BUILT",
+                f"case {case_id} revision {plan['analysis_revision']} has no confirmed case for its plan: the steps did not run "
+                f"or did not finish (`doit -s build` runs only the report): run `doit build case={case_id}`",
+            )
         published = {"case": plan["outputs"]["case"], "case_summary": plan["outputs"]["case_summary"], "generation": confirmed.generation}
     _refuse_a_report_of_an_older_plan(ws, case_id, cache, plan, published["generation"])
     from .doitcli import say

@@ -81,7 +81,7 @@ ERROR_CODES: dict[str, str] = {
     "STALE_GENERATION": "the case moved to another generation since the work was prepared",
     "LOCK_TIMEOUT": "the case lock was not acquired before the deadline, or another process holds the build's dependency file, or another export held the destination for 30 s",
     "REOPEN_REQUIRED": "the current revision has a confirmed case; reopen to change inputs",
-    "NOT_BUILT": "the case has no built case document yet",
+    "NOT_BUILT": "the case has no built case document yet; or a build step or the build task was run alone (`doit -s ...`) before the steps it needs ran or finished",
     "INCOMPATIBLE_CASE": "a prior case document has an unsupported contract",
     # research (section 7)
     "RESEARCH_UNAVAILABLE": "reserved for the research provider (ARCHITECTURE section 7, not built yet): timed out, unreachable or no answer yet",

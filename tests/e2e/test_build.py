@@ -1345,6 +1345,53 @@ def test_the_build_task_alone_on_a_case_never_built_says_to_build_it(admitted):
         "run `doit build case=c1`"), alone.stderr
 
 
+def test_the_build_task_alone_after_a_failed_build_says_to_build_it(tmp_path):
+    """A build that failed after planning (here at read_input, on a
+    duplicate key) leaves a plan and no confirmed case: `doit -s build` said
+    INTEGRITY_ERROR ("the build published no confirmed case for its plan"),
+    as if the workspace were damaged (session 29's review)."""
+    ws = tmp_path / "ws"
+    source = standard_package(tmp_path / "src")
+    report = source / "original" / "report-a.json"
+    report.write_text(report.read_text(encoding="utf-8").replace('"title":', '"title": "dup", "title":', 1), encoding="utf-8")
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    failed = kit.doit("build", "case=c1", workspace=ws)
+    assert failed.returncode == 1 and "JSON_DUPLICATE_KEY" in failed.stderr, failed.stderr
+    assert (ws / ".cache" / "c1" / "plan.json").exists()
+    before = kit.tree_digest(ws)
+    alone = kit.doit("-s", "build", "case=c1", workspace=ws)
+    assert alone.returncode == 1 and alone.stdout == "", (alone.stdout, alone.stderr)
+    assert alone.stderr.splitlines()[-1] == (
+        "NOT_BUILT: case c1 revision 1 has no confirmed case for its plan: the steps did not run or did not finish "
+        "(`doit -s build` runs only the report): run `doit build case=c1`"), alone.stderr
+    assert kit.tree_digest(ws) == before
+
+
+@pytest.mark.parametrize("step", ["assemble", "render", "publish"])
+def test_a_step_run_alone_before_the_steps_it_needs_says_to_build(admitted, step):
+    """`doit -s STEP` skips the steps before it: with no plan (or no cached
+    case for render and publish) that was `IO_ERROR: No such file or
+    directory (.../plan.json)`, an error of the machine (session 29's review)."""
+    ws = admitted
+    before = kit.tree_digest(ws)
+    alone = kit.doit("-s", step, "case=c1", workspace=ws)
+    assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
+        f"NOT_BUILT: case c1 has no plan yet: {step} ran without validate_index (`doit -s {step}` runs only that step): "
+        "run `doit build case=c1`"), alone.stderr
+    assert kit.tree_digest(ws) == before
+    if step == "assemble":
+        return
+    assert kit.doit("validate_index", "case=c1", workspace=ws).returncode == 0
+    before = kit.tree_digest(ws)
+    alone = kit.doit("-s", step, "case=c1", workspace=ws)
+    assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
+        f"NOT_BUILT: case c1 has no assembled case yet: {step} ran without assemble (`doit -s {step}` runs only that step): "
+        "run `doit build case=c1`"), alone.stderr
+    assert kit.tree_digest(ws) == before
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0 and "confirmed at generation 2" in built.stdout, built.stderr
+
+
 def test_a_build_whose_step_is_ignored_says_it_published_nothing(admitted):
     """Session 23's review: with a step marked by `doit ignore` the build
     exited 0 with only doit's `!!` lines, no word that nothing was built."""
