@@ -181,7 +181,8 @@ def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list |
     file assemble or render made its output from, whose digest the step
     recorded itself (:func:`pipeline.doitcli.output_as_written`)."""
     if record is None:
-        return "no record of its last run (a first build, a build stopped before it, or the cache cleared)"
+        return ("no record of its last run (a first build, a build stopped before it, the cache cleared, or a run that kept "
+                "its records in memory: a target named on doit's command line)")
     values = record.get("_values_:") if isinstance(record.get("_values_:"), dict) else {}
     recorded_stamp = values.get("_config_changed")
     if stamp is not None and recorded_stamp is not None and recorded_stamp != stamp:
@@ -201,7 +202,8 @@ def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list |
 _MOVED = "its record names the files at another path (the workspace was copied or moved since it last ran)"
 
 
-_NOT_AS_WRITTEN = "the cached {} is not the one it wrote (cut short by a crash, or changed since)"
+_NOT_AS_WRITTEN = ("the cached {} is not the one it wrote (cut short by a crash, changed since, or written by a run "
+                   "that kept its records in memory: a target named on doit's command line)")
 
 
 def _not_as_written(record: dict | None, state: list | None) -> bool:

@@ -1565,3 +1565,25 @@ def test_json_reporter_reports_a_refused_run_in_its_document(admitted):
     assert [task["name"] for task in failed] == ["validate_index"]
     assert failed[0]["error"].startswith("INVALID_ARGUMENT: build steps cannot run in several processes")
     assert kit.manifests(admitted, "c1")[-1].name == "000001.json"
+
+
+def test_status_after_a_target_run_names_it_among_the_reasons(admitted):
+    """A target named on doit's command line keeps its run's records in
+    memory, so status says assemble would run; its reason named only a
+    crash or a change (session 29's review)."""
+    ws = admitted
+    target = ws / ".cache" / "c1" / "out" / "case.json"
+    made = kit.doit(str(target), "case=c1", workspace=ws)
+    assert made.returncode == 0 and target.exists(), made.stderr
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert ("assemble: would run: no record of its last run (a first build, a build stopped before it, the cache cleared, "
+            "or a run that kept its records in memory: a target named on doit's command line)") in status.stdout, status.stdout
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=again", workspace=ws).returncode == 0
+    made = kit.doit(str(target), "case=c1", workspace=ws)
+    assert made.returncode == 0, made.stderr
+    status = kit.doit("status", "case=c1", workspace=ws)
+    assert status.returncode == 0, status.stderr
+    assert ("assemble: would run: the cached case is not the one it wrote (cut short by a crash, changed since, or "
+            "written by a run that kept its records in memory: a target named on doit's command line)") in status.stdout, status.stdout
