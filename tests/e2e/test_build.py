@@ -1373,21 +1373,20 @@ def test_a_step_run_alone_before_the_steps_it_needs_says_to_build(admitted, step
     case for render and publish) that was `IO_ERROR: No such file or
     directory (.../plan.json)`, an error of the machine (session 29's review)."""
     ws = admitted
-    before = kit.tree_digest(ws)
-    alone = kit.doit("-s", step, "case=c1", workspace=ws)
-    assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
-        f"NOT_BUILT: case c1 has no plan yet: {step} ran without validate_index (`doit -s {step}` runs only that step): "
-        "run `doit build case=c1`"), alone.stderr
-    assert kit.tree_digest(ws) == before
+
+    def refused_alone(lacking: str, maker: str) -> None:
+        before = kit.tree_digest(ws)
+        alone = kit.doit("-s", step, "case=c1", workspace=ws)
+        assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
+            f"NOT_BUILT: case c1 has no {lacking} yet: {step} ran without {maker} (`doit -s {step}` runs only that step): "
+            "run `doit build case=c1`"), alone.stderr
+        assert kit.tree_digest(ws) == before
+
+    refused_alone("plan", "validate_index")
     if step == "assemble":
         return
     assert kit.doit("validate_index", "case=c1", workspace=ws).returncode == 0
-    before = kit.tree_digest(ws)
-    alone = kit.doit("-s", step, "case=c1", workspace=ws)
-    assert alone.returncode == 1 and alone.stderr.splitlines()[-1] == (
-        f"NOT_BUILT: case c1 has no assembled case yet: {step} ran without assemble (`doit -s {step}` runs only that step): "
-        "run `doit build case=c1`"), alone.stderr
-    assert kit.tree_digest(ws) == before
+    refused_alone("assembled case", "assemble")
     built = kit.doit("build", "case=c1", workspace=ws)
     assert built.returncode == 0 and "confirmed at generation 2" in built.stdout, built.stderr
 
