@@ -108,6 +108,20 @@ def roll_forward(store, package, case_id: str):
             store.advance(case_id, "intake", expected_generation=record.generation, new_generation=target,
                           manifest_sha256=package.manifest_sha256(target))
         record = store.get(case_id)
+        if record.generation != target:
+            # advance() takes a confirmation it already holds as a replay and
+            # changes nothing: a store whose case row is behind its own
+            # checkpoints would otherwise be rolled forward forever, under
+            # the case lock every other writer waits for.
+            from .packages import manifest_name
+
+            raise IntegrityError(
+                "INTEGRITY_ERROR",
+                f"the checkpoint store contradicts itself: its record of case {case_id} is at generation "
+                f"{record.generation}, yet it already holds the confirmation that manifests/{manifest_name(target)} "
+                "publishes (a store changed by hand?); no published file was changed",
+                path=package.workspace.store_path.name if package.workspace is not None else None,
+            )
     remove_unpublished_content(package)
     return record
 

@@ -1158,6 +1158,27 @@ def test_a_missing_published_manifest_stops_every_command_and_removes_nothing(tm
         assert published.exists()
 
 
+def test_a_store_whose_case_row_is_behind_its_own_confirmation_is_refused_not_rolled_forward_forever(tmp_path):
+    """RELIABILITY 41: a store changed by hand so that its case row is behind
+    a confirmation it already holds. Rolling forward took the confirmation
+    as a replay, so the generation never rose: every writing command looped
+    forever holding the case lock."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    with contextlib.closing(sqlite3.connect(ws / "checkpoints.sqlite3")) as connection:
+        connection.execute("UPDATE cases SET generation = 1")
+        connection.commit()
+    before = kit.tree_digest(ws / "cases")
+    source = _report_append(tmp_path, "later", ["original/report-a.json", "original/report-b.json"])
+    for command in (("build", "case=c1"), ("append", "case=c1", f"source={source}"),
+                    ("reopen", "case=c1", "by=human:t", "reason=r"), ("export", "case=c1", f"dest={tmp_path / 'out'}")):
+        result = kit.doit(*command, workspace=ws, timeout=60)
+        line = _one_line_error(result, "INTEGRITY_ERROR")
+        assert "contradicts itself" in line and "generation 1" in line and "(checkpoints.sqlite3)" in line, (command, line)
+        assert kit.tree_digest(ws / "cases") == before, command
+        assert not (tmp_path / "out").exists()
+
+
 SYMLINKABLE_PARTS = [
     "cases", "cases/c1", "cases/c1/packages", "cases/c1/packages/pkg-1",
     "cases/c1/packages/pkg-1/content", "cases/c1/packages/pkg-1/manifests",
