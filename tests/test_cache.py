@@ -594,6 +594,10 @@ def test_read_json_gives_the_same_value_whichever_decoder_it_takes(tmp_path_fact
 def test_read_json_refuses_a_damaged_record_with_either_decoder(tmp_path, monkeypatch):
     import sys
 
+    # read_json decodes through msgspec once something has imported it, else
+    # through the stdlib: imported here, the test holds both alone or in a run.
+    import msgspec  # noqa: F401
+
     cache = BuildCache(tmp_path)
     path = tmp_path / "r.json"
     for damaged in (b'{"a": 1', b'{"a": 1}x', b"\xff", b""):
@@ -918,3 +922,25 @@ def test_document_records_of_older_builder_code_are_removed_but_the_newest(tmp_p
     assert cache.read_json(record) == {"kept": True}
     assert cache.remove_other_builders_records() == 0  # the newest other stays, build after build
     assert sorted(p.name for p in documents.parent.iterdir()) == sorted([documents.name, "0123456789abcdef"])
+
+
+def test_the_content_hash_checker_sees_a_change_that_keeps_size_and_mtime(tmp_path):
+    """RELIABILITY 43: doit's default checker trusts mtime, and an archive that
+    restores mtimes can hide a change; ours compares the bytes' sha256."""
+    from pipeline.doitcli import ContentHashChecker
+
+    checker = ContentHashChecker()
+    dep = tmp_path / "dep.json"
+    dep.write_bytes(b'{"a": 1}')
+    state = checker.get_state(str(dep), None)
+    kept = os.stat(dep)
+    assert not checker.check_modified(str(dep), kept, state)
+    dep.write_bytes(b'{"a": 2}')  # same size
+    os.utime(dep, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    changed = os.stat(dep)
+    assert (changed.st_size, changed.st_mtime_ns) == (kept.st_size, kept.st_mtime_ns)
+    assert checker.check_modified(str(dep), changed, state)
+    # The same bytes written again, with a new mtime: not a change.
+    dep.write_bytes(b'{"a": 1}')
+    assert not checker.check_modified(str(dep), os.stat(dep), state)
+    assert checker.get_state(str(dep), state) is None
