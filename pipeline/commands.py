@@ -237,7 +237,7 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                     raise reopen_required()
                 _check_the_build_would_fit(package, manifest, record.generation, returning, index_bytes, staged.files, index_path, limits)
                 dropped = _no_longer_listed(package, manifest, returning, limits)
-                package.refuse_missing_listed_files(manifest)
+                _refuse_damage_a_build_would_meet(package, manifest, record.generation)
                 files = {**staged.staged_files(), index_path: index_bytes}
                 new_manifest = PackageWriter(package).publish(
                     record.generation, files, artifacts={"case_inputs": index_path}
@@ -471,6 +471,16 @@ def _check_the_build_would_fit(
 # ------------------------------------------------------------------ reopen
 
 
+def _refuse_damage_a_build_would_meet(package, manifest: dict, generation: int) -> None:
+    """Reopen and append publish without reading earlier files: refuse, before
+    a generation goes on top of it, damage the next build would stop at
+    (a listed file gone or behind a symlink, an earlier manifest it plans from
+    that no longer reads), instead of carrying it forward."""
+    package.refuse_missing_listed_files(manifest)
+    for earlier in range(1, generation):
+        package.manifest_outline(earlier)
+
+
 @_coded
 def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
     """Open a new analysis revision on a built or completed case."""
@@ -513,7 +523,7 @@ def cmd_reopen(case=None, by=None, reason=None, workspace=None) -> None:
                     f"{case_id} is at analysis revision {record.analysis_revision}, the highest a manifest can hold "
                     f"(2^53 - 1); it cannot be reopened",
                 )
-            package.refuse_missing_listed_files(package.manifest(record.generation))
+            _refuse_damage_a_build_would_meet(package, package.manifest(record.generation), record.generation)
             generation = record.generation + 1
             note = {
                 "format": "viano-reopen",

@@ -1101,8 +1101,22 @@ class Package:
         size. One ``lstat`` a file, no reading: for the commands that publish a
         generation without reading earlier files (reopen, append), which went
         on publishing over a package a copy taken while a command ran had left
-        without them, carrying the damage forward (session 24's re-review)."""
+        without them, carrying the damage forward (session 24's re-review).
+        A folder on the way that is a symlink is ``REFERENCE_UNSAFE``, as
+        reading the file through it is (``lstat`` follows all but the last
+        part: a linked ``case/`` let a reopen publish over it)."""
+        plain_folders: set[str] = set()
         for relpath in sorted(manifest["files"]):
+            folder = relpath.rpartition("/")[0]
+            while folder and folder not in plain_folders:
+                try:
+                    linked = stat.S_ISLNK(os.lstat(os.path.join(self.content_dir, folder)).st_mode)
+                except OSError:
+                    break  # gone or unreadable: the file's own lstat below says so
+                if linked:
+                    raise CaseBuildError("REFERENCE_UNSAFE", "reference crosses a symlink", path=relpath)
+                plain_folders.add(folder)
+                folder = folder.rpartition("/")[0]
             try:
                 st = os.lstat(os.path.join(self.content_dir, relpath))
             except OSError:

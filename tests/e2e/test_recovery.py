@@ -1179,6 +1179,55 @@ def test_a_store_whose_case_row_is_behind_its_own_confirmation_is_refused_not_ro
         assert not (tmp_path / "out").exists()
 
 
+def _older_manifest_cut_short(ws: Path, tmp_path: Path) -> tuple[str, str]:
+    first = kit.manifests(ws, "c1")[0]
+    first.write_bytes(first.read_bytes()[:100])
+    return "INTEGRITY_ERROR", "(manifests/000001.json)"
+
+
+def _content_folder_linked(ws: Path, tmp_path: Path) -> tuple[str, str]:
+    folder = kit.package_dir(ws, "c1") / "content" / "case"
+    moved = tmp_path / "moved-case"
+    folder.rename(moved)
+    os.symlink(moved, folder)
+    return "REFERENCE_UNSAFE", "crosses a symlink (case/revisions/0001/"
+
+
+@pytest.mark.parametrize("damage", [_older_manifest_cut_short, _content_folder_linked])
+def test_reopen_publishes_nothing_over_damage_the_next_build_would_stop_at(tmp_path, damage):
+    """A reopen published a new generation over an earlier manifest cut short
+    and over a linked folder of the content, both of which build and export
+    refuse (RELIABILITY 28, 41): the damage was carried forward under a
+    generation the next build could not build."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    code, where = damage(ws, tmp_path)
+    before = kit.tree_digest(ws / "cases")
+    before_outside = kit.tree_digest(tmp_path / "moved-case") if (tmp_path / "moved-case").exists() else None
+    reopen = kit.doit("reopen", "case=c1", "by=human:t", "reason=r", workspace=ws)
+    line = _one_line_error(reopen, code)
+    assert where in line, line
+    assert kit.tree_digest(ws / "cases") == before
+    assert len(kit.manifests(ws, "c1")) == 2
+    if before_outside is not None:
+        assert kit.tree_digest(tmp_path / "moved-case") == before_outside
+
+
+@pytest.mark.parametrize("damage", [_older_manifest_cut_short, _content_folder_linked])
+def test_append_publishes_nothing_over_damage_the_next_build_would_stop_at(tmp_path, damage):
+    """The same for an append after a reopen (the damage done after the reopen)."""
+    ws = _admitted(tmp_path)
+    assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
+    assert kit.doit("reopen", "case=c1", "by=human:t", "reason=r", workspace=ws).returncode == 0
+    source = _report_append(tmp_path, "later", ["original/report-a.json", "original/report-b.json"])
+    code, where = damage(ws, tmp_path)
+    before = kit.tree_digest(ws / "cases")
+    append = kit.doit("append", "case=c1", f"source={source}", workspace=ws)
+    line = _one_line_error(append, code)
+    assert where.split(" (")[0] in line, line
+    assert kit.tree_digest(ws / "cases") == before
+
+
 SYMLINKABLE_PARTS = [
     "cases", "cases/c1", "cases/c1/packages", "cases/c1/packages/pkg-1",
     "cases/c1/packages/pkg-1/content", "cases/c1/packages/pkg-1/manifests",
