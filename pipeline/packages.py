@@ -1061,6 +1061,10 @@ class Package:
                 raise CaseBuildError("MANIFEST_MISSING", f"package has no generation {generation}", path=label) from None
             raise IntegrityError("INTEGRITY_ERROR", f"manifest is not a plain file: {exc.message}", path=label) from None
         try:
+            # A directory in a manifest's place opens, and its read said only
+            # "IO_ERROR: Is a directory", naming nothing.
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IntegrityError("INTEGRITY_ERROR", "manifest is not a plain file", path=label)
             return read_fd_at_most(fd, MANIFEST_MAX_BYTES, label=label, error=IntegrityError, code="INTEGRITY_ERROR")
         finally:
             os.close(fd)

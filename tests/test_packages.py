@@ -557,6 +557,30 @@ def test_corrupt_current_manifest_is_integrity_error(pkg, mutate):
     assert fresh.manifest(1) == pkg.manifest(1)
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo", "symlink"])
+def test_a_manifest_replaced_by_something_not_a_file_is_integrity_error_naming_it(pkg, kind):
+    """A directory in its place opened, and the read said only "IO_ERROR: Is a
+    directory", naming nothing (session 30's review)."""
+    PackageWriter(pkg).publish(1, {"b": b"b"})
+    path = pkg.manifests_dir / "000002.json"
+    kept = path.read_bytes()
+    path.chmod(0o644)
+    path.unlink()
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        (pkg.manifests_dir.parent / "elsewhere.json").write_bytes(kept)
+        os.symlink(pkg.manifests_dir.parent / "elsewhere.json", path)
+    fresh = _fresh(pkg)
+    for read in (fresh.manifest, lambda: fresh.manifest_sha256(2), lambda: PackageWriter(fresh).publish(2, {"c": b"c"})):
+        with pytest.raises(VianoError) as info:
+            read()
+        assert (info.value.code, info.value.path) == ("INTEGRITY_ERROR", "manifests/000002.json")
+        assert "not a plain file" in info.value.message
+
+
 def test_generation_gap_is_integrity_error(pkg):
     (pkg.manifests_dir / "000003.json").write_bytes((pkg.manifests_dir / "000001.json").read_bytes())
     with pytest.raises(VianoError) as info:
