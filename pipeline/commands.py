@@ -208,8 +208,11 @@ def cmd_append(case=None, source=None, workspace=None) -> None:
                     raise reopen_required()
 
             refuse_source_holding(source_path, ws.root)
+            current = package.manifest(record.generation)
             staged = read_append_source(
-                source_path, _append_source_limits(configured), staging_dir=ws.staging_dir(), before_staging=only_a_repeat
+                source_path, _append_source_limits(configured), staging_dir=ws.staging_dir(), before_staging=only_a_repeat,
+                may_be_held=lambda index_bytes, sizes: _may_be_held(current, index_bytes, sizes),
+                held=lambda index_bytes, digests: _already_held(current, index_bytes, digests),
             )
             try:
                 index_bytes = staged.index_bytes

@@ -1559,7 +1559,7 @@ class AppendSource(tuple):
     root: Path
     digests: dict[str, tuple[str, int]]
 
-    def __new__(cls, index_bytes: bytes, files: dict[str, Path], root: Path, staging: _Staging,
+    def __new__(cls, index_bytes: bytes, files: dict[str, Path | None], root: Path | None, staging: _Staging | None,
                 digests: dict[str, tuple[str, int]]):
         self = super().__new__(cls, (index_bytes, files))
         self.root = root
@@ -1583,13 +1583,27 @@ class AppendSource(tuple):
         return self[1]
 
     def cleanup(self) -> None:
-        self._staging.cleanup()
+        if self._staging is not None:
+            self._staging.cleanup()
 
     def __enter__(self) -> "AppendSource":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.cleanup()
+
+
+def _hash_where_it_is(src: _Source, relpath: str, limits: ZipLimits, progress: Progress | None) -> tuple[str, int]:
+    """``(sha256, size)`` of one source file, read as staging reads it (a
+    ZIP member's CRC and a directory file's size checked), writing nothing."""
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in src.chunks(relpath, limits):
+        digest.update(chunk)
+        size += len(chunk)
+    if progress is not None:
+        progress(relpath, size, src.files[relpath])
+    return digest.hexdigest(), size
 
 
 def read_append_source(
@@ -1599,6 +1613,8 @@ def read_append_source(
     staging_dir: os.PathLike | str | None = None,
     progress: Progress | None = None,
     before_staging: Callable[[bytes, dict[str, int]], None] | None = None,
+    may_be_held: Callable[[bytes, dict[str, int]], bool] | None = None,
+    held: Callable[[bytes, dict[str, tuple[str, int]]], bool] | None = None,
 ) -> AppendSource:
     """Inspect and stage a ``doit append`` source; return ``(index_bytes, {content path: staged Path})``.
 
@@ -1618,7 +1634,11 @@ def read_append_source(
     index, ``RESERVED_PATH`` for content under ``case/`` or ``inputs/``.
     ``before_staging(index_bytes, {content path: size})`` runs once the index
     is read and before anything is decoded or copied; whatever it raises
-    ends the call with nothing staged.
+    ends the call with nothing staged. When ``may_be_held(index_bytes,
+    sizes)`` says the package may already hold this very append (a repeat),
+    the files are hashed where they are, and if ``held(index_bytes,
+    digests)`` then says it does, nothing is staged: the result's files map
+    to ``None`` and it has no :attr:`root`.
     """
     if progress is None:
         progress = StderrProgress(command="append")
@@ -1640,6 +1660,12 @@ def read_append_source(
                 raise AdmissionError(
                     "RESERVED_PATH", "an append source has no manifest.json (its root holds case-inputs.json and the new files)", path=rel
                 )
+        if may_be_held is not None and held is not None and may_be_held(bytes(index_bytes), dict(content)):
+            # A repeat (a CI step run again) needs no copy, nor the free
+            # space for one on a disk that may have filled up meanwhile.
+            digests = {rel: _hash_where_it_is(src, rel, limits, progress) for rel in sorted(content)}
+            if held(bytes(index_bytes), digests):
+                return AppendSource(bytes(index_bytes), dict.fromkeys(sorted(content)), None, None, digests)
         if staging_dir is not None:
             # The workspace's staging: trees of killed appends and admissions
             # go before this one needs the space (admit does the same).

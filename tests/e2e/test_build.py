@@ -872,6 +872,33 @@ def test_a_build_run_opens_the_store_once_and_closes_it(tmp_path, admitted):
     assert "stores opened: 1\n" in failed.stderr
     assert store_files() == ["checkpoints.sqlite3"]
 
+@pytest.mark.parametrize("as_zip", [False, True])
+def test_a_repeated_append_needs_no_room_for_a_copy_of_its_files(tmp_path, admitted, as_zip):
+    """A repeat is found from the files where they are: a CI step run again on
+    a disk that filled up since its first run said IO_ERROR (no space left)
+    or INSUFFICIENT_DISK every time, for the copy it would not have kept.
+    The reserve a workspace asks for stands in for the full disk here."""
+    ws = admitted
+    files = {"original/report-r.json": kit.report("Retried", observations=[{"text": "Once"}]), "original/extra.log": "x\n" * 1000}
+    extra = kit.make_append(tmp_path / "app", files=files, index=kit.index(reports=["original/report-r.json"]))
+    if as_zip:
+        extra = Path(shutil.make_archive(str(tmp_path / "app-zip"), "zip", extra))
+    assert kit.doit("append", "case=c1", f"source={extra}", workspace=ws).returncode == 0
+    (ws / "limits.json").write_text(json.dumps({"format": "viano-workspace-limits", "format_version": 1,
+                                                "admission": {"free_disk_reserve": 2**53 - 1}}))
+    before = kit.tree_digest(ws)
+    again = kit.doit("append", "case=c1", f"source={extra}", workspace=ws)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to append to case c1" in again.stdout
+    assert kit.tree_digest(ws) == before
+    # Bytes changed at the same size are hashed, found new, and then need the copy.
+    changed = kit.make_append(tmp_path / "app2", files={**files, "original/extra.log": "y\n" * 1000},
+                              index=kit.index(reports=["original/report-r.json"]))
+    refused = kit.doit("append", "case=c1", f"source={changed}", workspace=ws)
+    assert refused.returncode != 0 and "INSUFFICIENT_DISK" in refused.stderr, refused.stderr
+    assert kit.tree_digest(ws) == before
+
+
 def test_a_repeated_append_changes_nothing(tmp_path, admitted):
     """A retried append (the same index and files) publishes no generation;
     a different index or changed bytes are still an append or a conflict."""
