@@ -1924,6 +1924,11 @@ class CaseBuilder:
         except OSError as error:
             # The environment failed: the code the command line gives it too.
             raise coded_io_error(error, CaseBuildError) from error
+        except MemoryError:
+            # As the command line says it (doitcli.guarded): a host program
+            # under a memory cap catches CaseBuildError, not MemoryError.
+            raise CaseBuildError("OUT_OF_MEMORY", "the build ran out of memory; what it had published stands and nothing "
+                                                  "is left half-written: build again with more memory") from None
         finally:
             LIMITS_FROM_CALLER.reset(from_caller)
             _PROGRESS_SINK.reset(token)

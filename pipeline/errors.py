@@ -68,7 +68,7 @@ ERROR_CODES: dict[str, str] = {
     "JSON_DUPLICATE_KEY": "an object repeats a key",
     "JSON_NUMBER": "NaN, Infinity, or a number outside the interoperable range: an integer beyond ±(2^53-1), a float that overflows a double (`1e400`) or a nonzero one that would read as zero (`1e-400`)",
     "JSON_TOO_DEEP": "nesting deeper than the depth limit",
-    "LIMIT_EXCEEDED": "a size or count limit was exceeded before parsing",
+    "LIMIT_EXCEEDED": "a size or count limit was exceeded: checked from sizes before parsing, and for the case and summary a build makes, while or once they are made",
     "SCHEMA_VIOLATION": "the document does not conform to its contract",
     "UNSUPPORTED_VERSION": "an unknown format or format_version",
     "CONTRACT_INVALID": "a bundled contract refers to a schema that is not bundled (nothing is ever fetched)",

@@ -580,6 +580,48 @@ def test_a_build_started_with_standard_error_closed_still_builds(tmp_path):
     assert refused.returncode == 1  # the coded line has nowhere to go; the status stays
 
 
+_API_BUILD_UNDER_A_CAP = """
+import resource, sys
+import pipeline.build as build
+from pipeline.build import CaseBuilder
+from pipeline.errors import CaseBuildError
+from pipeline.lifecycle import CheckpointStore
+from pipeline.workspace import Workspace
+
+assemble = build.step_assemble
+
+def capped_assemble(*args, **kwargs):
+    with open("/proc/self/status") as status:
+        cap = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    return assemble(*args, **kwargs)
+
+build.step_assemble = capped_assemble
+store = CheckpointStore(Workspace(sys.argv[1]))
+try:
+    CaseBuilder(store, progress=lambda line: None).build("c1")
+except CaseBuildError as error:
+    print(error.code, error.message)
+finally:
+    store.close()
+"""
+
+
+def test_the_python_api_raises_out_of_memory_as_a_case_build_error(tmp_path):
+    """Seed 001's API catches CaseBuildError; under a memory cap a host program
+    got a bare MemoryError (session 30's README review)."""
+    observations = [{"text": f"Observation {n} " + "word " * 30} for n in range(5000)]
+    source = kit.make_package(tmp_path / "src", files={"original/report-a.json": kit.report("Big", observations=observations)},
+                              index=kit.index(reports=["original/report-a.json"]))
+    ws = tmp_path / "ws"
+    assert kit.doit("admit", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    capped = subprocess.run([sys.executable, "-c", _API_BUILD_UNDER_A_CAP, str(ws)], capture_output=True, text=True,
+                            env=doit_env(), cwd=REPO, timeout=120)
+    assert capped.returncode == 0, capped.stderr
+    assert capped.stdout.startswith("OUT_OF_MEMORY the build ran out of memory"), (capped.stdout, capped.stderr)
+    assert len(kit.manifests(ws, "c1")) == 1
+
+
 def test_a_build_that_runs_out_of_memory_says_so_in_one_coded_line_and_publishes_nothing(tmp_path):
     """Under a memory cap (ulimit -v, a container's limit) a command ended in
     Python's MemoryError traceback (session 25's review of a long-lived
