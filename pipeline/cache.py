@@ -111,9 +111,11 @@ class BuildCache:
         build (the case's dependency file, opened read-only): the stamp, the
         values an action returned, and the size and SHA-256 of each file it
         depended on, which is what doit compares to decide whether the task
-        runs again. ``{}`` where there is no file yet; None where it cannot be
-        read (locked by a build that is saving it, on a read-only filesystem
-        with a journal to replay, not doit's)."""
+        runs again. ``{}`` where there is no file yet, or none a build would
+        keep (empty, cut short or not a database: the build discards it and
+        runs every task); None where it cannot be read (locked by a build
+        that is saving it, on a read-only filesystem with a journal to
+        replay, not doit's)."""
         import sqlite3
 
         path = self.dep_file
@@ -135,6 +137,12 @@ class BuildCache:
                     return None
                 records[task_id] = record
             return records
+        except sqlite3.OperationalError as error:
+            # An empty file opens as an empty database, without doit's table.
+            return {} if "no such table" in str(error) else None
+        except sqlite3.DatabaseError:
+            # Cut short ("malformed") or not a database: damage, not a lock.
+            return {}
         except (sqlite3.Error, ValueError, RecursionError):
             return None
         finally:

@@ -116,7 +116,9 @@ def _read_input_outlook(cache: BuildCache, record, doc: dict, reused: bool) -> s
         kept = cache.read_json(record)
         refused = kept.get("rejected")
     except (OSError, VianoError, AttributeError):
-        return "would run: its cache record is unreadable"
+        # doit sees its target there and does not run the task; assemble
+        # reads the file again when it next needs the record.
+        return "up to date; its cache record is damaged: assemble reads the file again when it next needs it"
     ignored = doc.get("prior_listed_attachments") is False and not reused
     if not refused:
         fragment = kept.get("fragment")
@@ -181,7 +183,7 @@ def _rerun_reason(record: dict | None, stamp: str | None, deps: dict[str, list |
     file assemble or render made its output from, whose digest the step
     recorded itself (:func:`pipeline.doitcli.output_as_written`)."""
     if record is None:
-        return ("no record of its last run (a first build, a build stopped before it, the cache cleared, or a run that kept "
+        return ("no record of its last run (a first build, a build stopped before it, the cache cleared or its dependency file damaged, or a run that kept "
                 "its records in memory: a target named on doit's command line)")
     values = record.get("_values_:") if isinstance(record.get("_values_:"), dict) else {}
     recorded_stamp = values.get("_config_changed")
@@ -339,7 +341,10 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         cached_plan = None
     # A plan that cannot be read (cut short by a power loss) is planned
     # again by validate_index, which writes the plan judged below.
-    plan_unreadable = cached_plan is None and cache.plan.exists()
+    # So is a plan that is gone: either way the plan judged below is the one
+    # assemble's record is compared with (status said "assemble: would run"
+    # where the build wrote the same plan again and skipped it).
+    plan_unreadable = cached_plan is None
     # A failed build has planned these inputs already; the cached case is
     # current only if it was assembled from them, and the cached summary
     # only if it is that case's render.
@@ -378,10 +383,12 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
         publish_why = "plan" if plan_changed else None
     else:
         assemble_why = _rerun_reason(records.get("assemble"), stamp, {plan_path: plan_state}, ("assembled_from", plan_state))
-        if _not_as_written(records.get("assemble"), case_state) and assemble_why is None:
-            # assemble runs again only because its case was cut or changed:
-            # from the same plan and code it writes again the bytes it
-            # recorded, which the later tasks are judged against.
+        assembled = records.get("assemble")
+        recorded_output = isinstance(assembled, dict) and OUTPUT_DIGEST in (assembled.get("_values_:") or {})
+        if assemble_why is None and recorded_output and (case_state is None or _not_as_written(assembled, case_state)):
+            # assemble runs again only because its case was cut, changed or
+            # removed: from the same plan and code it writes again the bytes
+            # it recorded, which the later tasks are judged against.
             case_state = _restored_state(records, case_path, records["assemble"]["_values_:"][OUTPUT_DIGEST])
             restored_case = True
         render_why = _rerun_reason(records.get("render"), stamp, {case_path: case_state}, ("rendered_from", case_state))

@@ -1603,8 +1603,9 @@ def test_status_after_a_target_run_names_it_among_the_reasons(admitted):
     assert made.returncode == 0 and target.exists(), made.stderr
     status = kit.doit("status", "case=c1", workspace=ws)
     assert status.returncode == 0, status.stderr
-    assert ("assemble: would run: no record of its last run (a first build, a build stopped before it, the cache cleared, "
-            "or a run that kept its records in memory: a target named on doit's command line)") in status.stdout, status.stdout
+    assert ("assemble: would run: no record of its last run (a first build, a build stopped before it, the cache cleared or "
+            "its dependency file damaged, or a run that kept its records in memory: a target named on doit's command line)"
+            ) in status.stdout, status.stdout
     assert kit.doit("build", "case=c1", workspace=ws).returncode == 0
     assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=again", workspace=ws).returncode == 0
     made = kit.doit(str(target), "case=c1", workspace=ws)

@@ -150,3 +150,56 @@ def test_status_names_the_step_a_damaged_published_output_stops_the_build_at(tmp
             assert not rows[earlier][0].startswith(("would fail", "would not run")), rows
         if then is _in_place:
             assert rows["assemble"] == ["up to date"] and "assemble" not in ran, (rows, ran)
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _emptied(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _files(ws: Path) -> dict:
+    """The workspace's files, but the store's WAL and shared-memory files,
+    which SQLite may make or change for a reader (README, status)."""
+    return {path: digest for path, digest in kit.tree_digest(ws, skip_cache=False).items() if not path.endswith(("-wal", "-shm"))}
+
+
+CACHE_DAMAGE = {
+    "plan removed": lambda cache: (cache / "plan.json").unlink(),
+    "case removed": lambda cache: (cache / "out" / "case.json").unlink(),
+    "summary removed": lambda cache: (cache / "out" / "case_summary.md").unlink(),
+    "case and summary removed": lambda cache: [(cache / "out" / name).unlink() for name in ("case.json", "case_summary.md")],
+    "dependency file emptied": lambda cache: _emptied(cache / "doit.sqlite3"),
+    "dependency file cut short": lambda cache: _cut(cache / "doit.sqlite3"),
+    "document records cut short": lambda cache: [_cut(record) for record in (cache / "documents").glob("*/*.report.*.json")],
+}
+
+
+@pytest.mark.parametrize("appended", [False, True], ids=["built", "reopened and appended"])
+@pytest.mark.parametrize("damage", list(CACHE_DAMAGE))
+def test_status_says_which_steps_run_after_the_cache_is_damaged(tmp_path, damage, appended):
+    """Session 30's differential review: status said assemble would run where
+    validate_index writes the same plan again (assemble skipped), render
+    would run after an assemble that writes the same case again, read_input
+    would run for a damaged record doit does not look at, and, for an empty
+    or cut dependency file, that nothing would run where the build discards
+    it and runs every step."""
+    ws = _built(tmp_path)
+    if appended:
+        assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
+        source = kit.make_append(tmp_path / "later", files={"original/report-c.json": kit.report("Later", observations=[{"text": "seen"}])},
+                                 index=kit.index(reports=["original/report-a.json", "original/report-b.json", "original/report-c.json"],
+                                                 reproductions=["original/repro.json"]))
+        assert kit.doit("append", "case=c1", f"source={source}", workspace=ws).returncode == 0
+    CACHE_DAMAGE[damage](ws / ".cache" / "c1")
+    before = _files(ws)
+    outlook = _outlook(ws)
+    assert _files(ws) == before  # status changes nothing
+    predicted = {task for task, rows in outlook.items() if task != "validate_index" and rows[0].startswith("would run")}
+    assert all(rows[0].startswith(("would run", "up to date", "always runs")) for rows in outlook.values()), outlook
+    built = kit.doit("build", "case=c1", workspace=ws)
+    assert built.returncode == 0, built.stderr
+    ran = {line[3:] for line in built.stderr.splitlines() if line.startswith(".  ")} - {"validate_index", "build"}
+    assert predicted == ran, (outlook, built.stderr)
