@@ -14,7 +14,7 @@ from .doitcli import OUTPUT_DIGEST, SOURCE_DIGEST
 from .errors import VianoError
 from .jsoncanon import encode_sorted
 from .plan import check_limits, make_plan, step_id_for
-from .status_damage import damaged_outputs, fail_at_damaged_output, gone, kept_plan, refused_on_opening
+from .status_damage import changed_document, damaged_outputs, fail_at_damaged_output, gone, kept_plan, refused_on_opening
 from .workspace_limits import PUBLISHED_CASE_CEILING, PUBLISHED_SUMMARY_CEILING
 
 __all__ = ["build_outlook"]
@@ -307,12 +307,17 @@ def build_outlook(ws, case_id: str, record, package) -> list[tuple[str, str]]:
             stops.append((task, "which refuses its file"))
             rows.append((task, f"would fail: {refused}"))
             continue
+        moved = input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]
+        if (moved or not input_record.exists()) and (changed := changed_document(package, doc)) is not None:
+            stops.append((task, "which finds its bytes changed"))
+            rows.append((task, f"would fail: {changed}"))
+            continue
         outlook = _read_input_outlook(cache, input_record, doc, reused) if input_record.exists() else None
         if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
             # Read again after its stamp moved, the bytes the manifest pins
             # give the same refusal (or INTEGRITY_ERROR for other bytes).
             refusals.append((task, outlook.removeprefix(_FAILS_THE_BUILD)))
-        if input_record.exists() and stamps.get(doc["path"]) != now[doc["path"]]:
+        if moved:
             if outlook is not None and outlook.startswith(_FAILS_THE_BUILD):
                 outlook = f"{_VERIFY_AGAIN}; it was refused when last read: {outlook.removeprefix(_FAILS_THE_BUILD)}"
             else:

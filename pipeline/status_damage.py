@@ -50,6 +50,21 @@ def refused_on_opening(package, ref: dict, stamp_now) -> str | None:
     return None if problem is None else str(problem)
 
 
+def changed_document(package, doc: dict) -> str | None:
+    """The refusal a structured input's reading step meets when its bytes are
+    not the ones its manifest lists (changed in place at the same size), as
+    the build words it, or None. Only for a document the build reads again
+    (bounded by the document limit): status said "would run" and the build
+    failed with INTEGRITY_ERROR, also after that failure."""
+    try:
+        package.read_verified(doc["path"], doc["size"])
+    except VianoError as error:
+        return str(error)
+    except OSError:
+        return None  # not foreseen here: the step itself says what it is
+    return None
+
+
 def damaged_outputs(package, plan: dict) -> dict[str, tuple[str, str, str]]:
     """Each published output of the plan's revision whose file is gone or not
     the size and SHA-256 its manifest says, by its key in the plan's outputs:

@@ -67,12 +67,21 @@ def _empty_folder(path: Path, _elsewhere: Path) -> None:
     path.mkdir()
 
 
+def _changed_at_its_size(path: Path, _elsewhere: Path) -> None:
+    kept = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x01  # inside the closing whitespace or brace: still the same size
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(kept.st_atime_ns, kept.st_mtime_ns))  # the change time still moves
+
+
 @pytest.mark.parametrize(("damage", "task", "code"), [
     (_symlink_to_a_copy, "read_input:original/report-b.json", "REFERENCE_UNSAFE"),
     (_symlink_to_a_copy, "hash_context:original/runtime.log", "REFERENCE_UNSAFE"),
     (_fifo, "read_input:original/report-b.json", "REFERENCE_UNSAFE"),
     (_grown, "hash_context:original/runtime.log", "INTEGRITY_ERROR"),
     (_empty_folder, "read_input:original/report-b.json", "INTEGRITY_ERROR"),
+    (_changed_at_its_size, "read_input:original/report-b.json", "INTEGRITY_ERROR"),
 ])
 def test_status_names_the_step_that_refuses_a_damaged_input_as_the_build_does(tmp_path, damage, task, code):
     """A listed input replaced by a symlink to the same bytes: status said
@@ -93,6 +102,9 @@ def test_status_names_the_step_that_refuses_a_damaged_input_as_the_build_does(tm
             assert rows[task] == ["would fail: INTEGRITY_ERROR: the manifest lists this file but the package content no longer "
                                   "holds it (restore the workspace from a copy taken while no command ran)"], rows
             why = "whose file is gone"
+        elif damage is _changed_at_its_size:
+            assert rows[task] == [f"would fail: {line}"], rows
+            why = "which finds its bytes changed"
         else:
             assert rows[task] == [f"would fail: {line}"], rows
             why = "which refuses its file"
