@@ -45,6 +45,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple
 
@@ -702,26 +703,55 @@ def _publish_side_by_side(dir_fd: int, members) -> dict[str, tuple[str, int]]:
 
     outcomes: list = [None] * len(members)
 
-    def publish(at: int, relpath: str, source: bytes) -> None:
+    def publish(at: int, relpath: str, source: bytes, folder_fd: int) -> None:
         try:
-            outcomes[at] = _publish_content(dir_fd, relpath.rpartition("/")[2], source, label=relpath, sync_folder=False)
+            outcomes[at] = _publish_content(folder_fd, relpath.rpartition("/")[2], source, label=relpath, sync_folder=False)
         except BaseException as error:  # handed to the publishing thread, which raises it
             outcomes[at] = error
+        finally:
+            if folder_fd != dir_fd:
+                os.close(folder_fd)
 
-    threads = [threading.Thread(target=publish, args=(at, relpath, source), daemon=True)
-               for at, (relpath, source) in enumerate(members[1:], start=1)]
-    for thread in threads:
-        thread.start()
-    publish(0, *members[0])
-    # Every thread ends before the folder's descriptor can be closed (or its
-    # number reused), Ctrl-C or not; an interrupt is raised after.
-    interrupted = despite_interrupts(lambda: [thread.join() for thread in threads])
+    started: list = []
+    try:
+        for at, (relpath, source) in enumerate(members[1:], start=1):
+            # Each thread writes through a descriptor of its own: one an
+            # exception leaves running (raised into this thread while it
+            # started the next) must not write through the caller's, which
+            # is closed on the way out and whose number the next open takes
+            # (a host program's folder got a case.json so). One whose start
+            # was interrupted may or may not run: its descriptor is left to
+            # it, never closed twice.
+            thread = threading.Thread(target=publish, args=(at, relpath, source, os.dup(dir_fd)), daemon=True)
+            started.append(thread)  # before start(), which an interrupt may leave with the thread running
+            thread.start()
+        publish(0, *members[0], dir_fd)
+    finally:
+        # Every thread started ends before this returns or raises, Ctrl-C or
+        # not; an interrupt met while waiting is raised after.
+        interrupted = despite_interrupts(lambda: _join_each(started))
     if interrupted is not None:
         raise interrupted
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
     return {relpath: outcome for (relpath, _), outcome in zip(members, outcomes)}
+
+def _join_each(threads) -> None:
+    """Join every thread whose ``start()`` was called. One whose start was
+    interrupted may be on its way to running, or may never run: joining it
+    is refused until it has started, so it is waited for a moment first."""
+    for thread in threads:
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                thread.join()
+                break
+            except RuntimeError:  # not started (yet)
+                if time.monotonic() > deadline:
+                    break  # it never ran
+                time.sleep(0.001)
+
 
 def _folders_of(files) -> set[str]:
     """Every folder that holds, at any depth, one of ``files`` (content paths)."""

@@ -24,7 +24,7 @@ import heapq
 import re
 
 from . import BUILDER_VERSION
-from .errors import CaseBuildError
+from .errors import CaseBuildError, VianoError
 from .jsoncanon import canonical_hash
 from .limits import CaseBuilderLimits
 
@@ -81,8 +81,8 @@ def _check_listed(ref, files: dict, index_path: str, pointer: str) -> str:
         check_reference(ref)
     except CaseBuildError as exc:
         raise CaseBuildError(exc.code, exc.message, path=index_path, pointer=pointer) from None
-    except Exception as exc:  # a VianoError subclass of another family
-        code = getattr(exc, "code", "REFERENCE_UNSAFE")
+    except VianoError as exc:  # of another family; anything else (MemoryError, a host's own) is not a refusal
+        code = exc.code
         raise CaseBuildError(code, f"unsafe reference {ref!r}", path=index_path, pointer=pointer) from None
     if ref not in files:
         raise CaseBuildError("REFERENCE_MISSING", f"{ref!r} is not in the package manifest", path=index_path, pointer=pointer)
@@ -158,7 +158,9 @@ def _usable_reference(ref, files: dict) -> bool:
         return False
     try:
         check_reference(ref)
-    except Exception:  # any refusal: an earlier index's bad entry is just not inherited
+    except VianoError:  # a refusal: an earlier index's bad entry is just not inherited
+        # (Only a refusal: a MemoryError or a host program's exception caught
+        # here dropped a good input, and the case without it was published.)
         return False
     return True
 

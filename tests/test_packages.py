@@ -1351,3 +1351,52 @@ def test_every_generations_manifest_name_is_read_back_as_that_generation():
         assert found is not None and int(found.group(1)) == generation
     for other in ("0000001.json", "00001.json", "1.json", "000001.json.tmp", "-00001.json"):
         assert _MANIFEST_RE.fullmatch(other) is None, other
+
+
+def test_files_published_side_by_side_leave_no_thread_writing_after_an_interrupt(tmp_path, monkeypatch):
+    """An interrupt raised while the second of three publishing threads was
+    starting left the first one running after the call had raised; it wrote
+    through the caller's folder descriptor, which the caller then closed, and
+    whose number a host program's next open took: its case.json landed in the
+    host's folder (session 30's review of the API)."""
+    import threading
+
+    from pipeline import packages
+
+    real_publish = packages._publish_content
+
+    def slow_for_the_threads(dir_fd, name, *args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.3)  # still writing when the interrupt reaches the caller
+        return real_publish(dir_fd, name, *args, **kwargs)
+
+    real_start = threading.Thread.start
+    starts = []
+
+    def start_then_interrupted(thread):
+        real_start(thread)
+        starts.append(thread)
+        if len(starts) == 2:
+            raise KeyboardInterrupt  # as if Ctrl-C landed in start()'s wait
+
+    monkeypatch.setattr(packages, "_publish_content", slow_for_the_threads)
+    monkeypatch.setattr(threading.Thread, "start", start_then_interrupted)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            packages._publish_side_by_side(dir_fd, [("a", b"a" * 10), ("b", b"b" * 10), ("c", b"c" * 10), ("d", b"d" * 10)])
+    finally:
+        os.close(dir_fd)
+    # The host opens another folder at once; it takes the closed number.
+    host = tmp_path / "host"
+    host.mkdir()
+    host_fd = os.open(host, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert not [thread for thread in starts if thread.is_alive()]
+        time.sleep(0.5)
+        assert os.listdir(host) == []
+        assert sorted(name for name in os.listdir(folder) if not name.startswith(".")) == ["b", "c"]
+    finally:
+        os.close(host_fd)

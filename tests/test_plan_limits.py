@@ -52,3 +52,28 @@ def test_the_document_count_includes_the_current_index_and_names_it():
         check_limits(_plan([_ref("a", 1), _ref("b", 1), _ref("c", 1)], [current], current), limits)
     assert info.value.message == "4 structured documents, limit 3 (a workspace's limits.json can raise case_builder.documents up to 4096)"
     assert info.value.path == "inputs/3/case-inputs.json"
+
+
+@pytest.mark.parametrize("failure", [MemoryError, KeyboardInterrupt, RuntimeError])
+def test_only_a_refusal_of_a_reference_is_taken_as_one_while_planning(monkeypatch, failure):
+    """Planning caught every exception around a reference check: a MemoryError
+    or a host program's exception landing there dropped a good input from an
+    earlier index (the case without it was published and then reused), or
+    refused a valid package as REFERENCE_UNSAFE (session 30's review)."""
+    from pipeline import plan, workspace
+
+    files = {"original/report-1.json": {"sha256": "0" * 64, "size": 1}}
+    assert plan._usable_reference("original/report-1.json", files)
+    assert not plan._usable_reference("../escape.json", {"../escape.json": files["original/report-1.json"]})
+    with pytest.raises(CaseBuildError) as refused:
+        plan._check_listed("/absolute.json", files, "original/case-inputs.json", "/reports/0")
+    assert (refused.value.code, refused.value.path, refused.value.pointer) == ("REFERENCE_UNSAFE", "original/case-inputs.json", "/reports/0")
+
+    def failing(ref):
+        raise failure()
+
+    monkeypatch.setattr(workspace, "check_reference", failing)
+    with pytest.raises(failure):
+        plan._usable_reference("original/report-1.json", files)
+    with pytest.raises(failure):
+        plan._check_listed("original/report-1.json", files, "original/case-inputs.json", "/reports/0")
