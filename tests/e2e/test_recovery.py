@@ -2111,9 +2111,12 @@ def test_a_build_with_its_cache_finds_content_damaged_since_it_was_read(tmp_path
         assert kit.doit("reopen", "case=c1", "by=human:qa", "reason=more", workspace=ws).returncode == 0
     _damage_in_place(kit.package_dir(ws, "c1") / "content" / damaged)
     status = kit.doit("status", "case=c1", workspace=ws)
-    if damaged != "original/case-inputs.json":  # (an index is read by planning, which status does itself)
-        task = "hash_context" if damaged.endswith(".log") else "read_input"
-        assert f"{task}:{damaged}: would run: to verify it again" in status.stdout, status.stdout
+    if damaged.endswith(".log"):  # an opaque file, which status does not hash
+        assert f"hash_context:{damaged}: would run: to verify it again" in status.stdout, status.stdout
+    elif damaged != "original/case-inputs.json":  # (an index is read by planning, which status does itself)
+        # A document the build reads again is hashed by status too (since session 30).
+        assert (f"read_input:{damaged}: would fail: INTEGRITY_ERROR: content does not match the manifest's size and "
+                f"SHA-256 ({damaged})") in status.stdout, status.stdout
     before = kit.tree_digest(kit.package_dir(ws, "c1"))  # (the build may keep its start checkpoint)
     line = _one_line_error(kit.doit("build", "case=c1", workspace=ws), "INTEGRITY_ERROR")
     assert line.endswith(f"({damaged})")
