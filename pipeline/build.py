@@ -1913,6 +1913,11 @@ class CaseBuilder:
         exactly that type)."""
         from .plan import LIMITS_FROM_CALLER
 
+        # A wrong kind said UNSAFE_ID: case_id '123' is not a safe id, for a
+        # str that would be one (session 30's review of the API).
+        for name, value in (("case_id", case_id), ("package_id", package_id)):
+            if not isinstance(value, str) and not (name == "package_id" and value is None):
+                raise CaseBuildError("INVALID_ARGUMENT", f"{name} is a str, not {type(value).__name__}")
         token = _PROGRESS_SINK.set(self.progress)
         from_caller = LIMITS_FROM_CALLER.set(self.limits is not None)
         try:

@@ -1426,6 +1426,14 @@ def _admit(workspace, case_id: str, source, limits: ZipLimits, progress: Progres
     if not isinstance(source, str) or not source.strip():
         raise AdmissionError("INVALID_ARGUMENT", f"source is a str or os.PathLike path, not {type(source).__name__}"
                              if not isinstance(source, str) else "source is empty or blank")
+    if "\x00" in source:
+        raise AdmissionError("INVALID_ARGUMENT", "the source path holds a NUL character")
+    # Checked as CaseBuilder checks them: a wrong kind was a bare TypeError or
+    # AttributeError from deep in the copy (session 30's review of the API).
+    if not isinstance(limits, ZipLimits):
+        raise AdmissionError("INVALID_ARGUMENT", f"limits= takes a ZipLimits, not {type(limits).__name__}")
+    if progress is not None and not callable(progress):
+        raise AdmissionError("INVALID_ARGUMENT", f"progress= takes a callable, not {type(progress).__name__}")
     if progress is None:
         progress = StderrProgress()
     refuse_source_holding(source, ws.root)

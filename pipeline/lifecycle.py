@@ -533,8 +533,14 @@ class CheckpointStore:
                                                      f"not {type(workspace).__name__}")
         self.workspace = workspace
         path = workspace.store_path
-        refuse_symlinks(workspace, path.name, f"{path.name}-wal", f"{path.name}-shm")
-        if not path.exists():
+        try:
+            refuse_symlinks(workspace, path.name, f"{path.name}-wal", f"{path.name}-shm")
+            exists = path.exists()
+        except OSError as error:
+            # A path too long for the filesystem, say: pathlib's exists()
+            # answers only "no such file" itself.
+            raise coded_io_error(error, LifecycleError) from None
+        if not exists:
             refuse_a_lost_store(workspace, "missing")
             if not create or read_only:
                 raise LifecycleError("UNKNOWN_CASE", "the workspace has no checkpoint store yet")

@@ -194,6 +194,9 @@ class Workspace(FrozenRecord):
             raise VianoError("INVALID_ARGUMENT", f"a workspace is a str or os.PathLike path, not {type(root).__name__}")
         if root.strip() == "":
             raise VianoError("INVALID_ARGUMENT", "the workspace path is empty or blank")
+        if "\x00" in root:
+            # No file name holds one: os calls raised a bare ValueError.
+            raise VianoError("INVALID_ARGUMENT", "the workspace path holds a NUL character")
         object.__setattr__(self, "root", Path(os.path.abspath(root)))
 
     @classmethod

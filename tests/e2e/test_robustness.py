@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, doit_env
+from tests.conftest import FIXTURES, REPO, doit_env
 from tests.e2e import kit
 from tests.e2e.test_build import standard_package
 
@@ -641,3 +641,39 @@ def test_a_build_that_runs_out_of_memory_says_so_in_one_coded_line_and_publishes
     assert len(kit.manifests(ws, "c1")) == 1
     again = kit.doit("build", "case=c1", workspace=ws)
     assert again.returncode == 0 and "confirmed at generation 2" in again.stdout, again.stderr
+
+
+def test_the_python_api_codes_arguments_no_file_can_be_made_of(tmp_path):
+    """Bare ValueError, OSError, TypeError and AttributeError came out of the
+    API for these (session 30's review); each is INVALID_ARGUMENT or IO_ERROR,
+    and nothing is made on disk."""
+    from pipeline.build import CaseBuilder
+    from pipeline.errors import VianoError
+    from pipeline.intake import admit
+    from pipeline.lifecycle import CheckpointStore
+    from pipeline.workspace import Workspace
+
+    def code_of(call) -> str:
+        with pytest.raises(VianoError) as refused:
+            call()
+        return refused.value.code
+
+    assert code_of(lambda: Workspace(str(tmp_path / "a\x00b"))) == "INVALID_ARGUMENT"
+    assert code_of(lambda: CheckpointStore(Workspace(str(tmp_path / ("a" * 300))))) == "IO_ERROR"
+    assert code_of(lambda: CheckpointStore(Workspace(str(tmp_path / ("a" * 300))), create=False)) == "IO_ERROR"
+    source = FIXTURES / "sample"
+    ws = tmp_path / "ws"
+    assert code_of(lambda: admit(str(tmp_path / "w\x00s"), "c1", source)) == "INVALID_ARGUMENT"
+    assert code_of(lambda: admit(ws, "c1", str(source) + "\x00")) == "INVALID_ARGUMENT"
+    assert code_of(lambda: admit(ws, "c1", source, progress=1)) == "INVALID_ARGUMENT"
+    assert code_of(lambda: admit(ws, "c1", source, limits={})) == "INVALID_ARGUMENT"
+    assert not ws.exists()
+    admit(ws, "c1", source, progress=lambda *line: None)
+    store = CheckpointStore(Workspace(ws))
+    try:
+        assert code_of(lambda: CaseBuilder(store).build(123)) == "INVALID_ARGUMENT"
+        assert code_of(lambda: CaseBuilder(store).build(None)) == "INVALID_ARGUMENT"
+        assert code_of(lambda: CaseBuilder(store).build("c1", 7)) == "INVALID_ARGUMENT"
+    finally:
+        store.close()
+    assert len(kit.manifests(ws, "c1", package_id=json.loads((source / "manifest.json").read_text())["package_id"])) == 1
