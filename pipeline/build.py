@@ -1943,6 +1943,12 @@ class CaseBuilder:
         # The case lock is re-entrant per process (doit holds it for its whole
         # run), so it does not keep this process's other threads out; builds
         # of one case through this API take turns here, as processes do there.
+        # An unknown case is refused before its lock file is made, as the
+        # command line refuses it: a host given arbitrary ids left one lock
+        # file per id in .locks/, and a removed workspace was made again.
+        from .workspace import validate_id
+
+        open_existing_store(ws, validate_id(case_id, "case_id"), read_only=True).close()
         with _thread_turn(ws, case_id), _locked(ws, case_id):
             if package_id is not None:
                 # Before the build's start is recorded: a call refused for its

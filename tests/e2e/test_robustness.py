@@ -677,3 +677,34 @@ def test_the_python_api_codes_arguments_no_file_can_be_made_of(tmp_path):
     finally:
         store.close()
     assert len(kit.manifests(ws, "c1", package_id=json.loads((source / "manifest.json").read_text())["package_id"])) == 1
+
+
+def test_the_python_api_refuses_an_unknown_case_before_making_its_lock_file(tmp_path):
+    """A host given arbitrary ids left one lock file per id in .locks/, and a
+    build through a store whose workspace was removed made the workspace
+    folder again (session 30's review of the API)."""
+    import shutil as shutil_
+
+    from pipeline.build import CaseBuilder
+    from pipeline.errors import CaseBuildError
+    from pipeline.intake import admit
+    from pipeline.lifecycle import CheckpointStore
+    from pipeline.workspace import Workspace
+
+    ws = tmp_path / "ws"
+    admit(ws, "c1", FIXTURES / "sample", progress=lambda *line: None)
+    store = CheckpointStore(Workspace(ws))
+    try:
+        locks = sorted(path.name for path in (ws / ".locks").iterdir())
+        for n in range(20):
+            with pytest.raises(CaseBuildError) as refused:
+                CaseBuilder(store, progress=lambda line: None).build(f"nosuch-{n}")
+            assert refused.value.code == "UNKNOWN_CASE"
+        assert sorted(path.name for path in (ws / ".locks").iterdir()) == locks
+        shutil_.rmtree(ws)
+        with pytest.raises(CaseBuildError) as refused:
+            CaseBuilder(store, progress=lambda line: None).build("c1")
+        assert refused.value.code == "UNKNOWN_CASE"
+        assert not ws.exists()
+    finally:
+        store.close()
